@@ -1,0 +1,31 @@
+# Setup is two commands: `make demo` and `make test`. Each builds .venv with pinned deps.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-v1
+
+.PHONY: demo test test-all bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; never a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy pytest pytest-xdist expecttest
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m torchtpu.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(BIN)/python -m torchtpu.bench eager
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,1 @@
+"""The "tpu" device: registration with PyTorch and the torch.tpu module."""

@@ -1,0 +1,1 @@
+"""Executors that run ATen ops on the device."""

@@ -1,0 +1,279 @@
+"""Strict eager: each ATen op runs at once as its own compiled XLA executable.
+
+A call is flattened into (storage buffers, tensor geometries, runtime scalars,
+static arguments). The static part is the cache key; the executable reads every
+input view out of its storage buffer, runs the lowering, casts to PyTorch's
+result dtype and, for in-place ops, writes the result back into the mutated
+storage, all inside one jax.jit. JAX's async dispatch keeps this asynchronous.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .. import metrics
+from ..ops import promotion
+from ..ops.registry import Lowering
+from ..runtime import geometry, rng, storage, tensors
+from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+
+_SCALARS = (bool, int, float, complex)
+
+
+class _Compiled:
+    __slots__ = ("fn", "outs", "structure")
+
+    def __init__(self):
+        self.fn = None
+        self.outs = None  # [(shape, torch dtype)] of functional outputs
+        self.structure = None  # "none" | "one" | "tuple" | "list"
+
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+class _HostEntry:
+    """A 0-dim CPU tensor used as an operand: it rides along as a device value."""
+
+    __slots__ = ("buf", "numel", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        from ..runtime.jaxenv import torch_to_numpy
+
+        a = torch_to_numpy(t.reshape(1))
+        self.buf = jnp.asarray(a)
+        self.numel = 1
+        self.dtype = self.buf.dtype
+
+
+class _Flat:
+    """One call, flattened."""
+
+    __slots__ = ("entries", "entry_index", "leaves", "dyn", "tensors")
+
+    def __init__(self):
+        self.entries = []
+        self.entry_index = {}
+        self.leaves = []
+        self.dyn = []
+        self.tensors = []
+
+    def tensor(self, t: torch.Tensor, low: Lowering):
+        dev = t.device.type
+        if dev != "tpu":
+            if t.dim() == 0 and dev == "cpu":
+                entry = _HostEntry(t)
+                shape, stride, offset = (), (), 0
+            else:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two "
+                    f"devices, tpu:0 and {t.device}! (when checking arguments for {low.name})"
+                )
+        else:
+            entry = storage.lookup(t)
+            shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        k = id(entry)
+        si = self.entry_index.get(k)
+        if si is None:
+            si = len(self.entries)
+            self.entry_index[k] = si
+            self.entries.append(entry)
+        self.leaves.append((si, shape, stride, offset, to_jax_dtype(t.dtype)))
+        self.tensors.append(t)
+        return ("T", len(self.leaves) - 1)
+
+    def encode(self, v, info, low):
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, low)
+        if v is None:
+            return None
+        kind = info.kind if info is not None else "other"
+        if isinstance(v, _SCALARS):
+            if kind in ("scalar", "scalar_list") and info.name not in low.static:
+                self.dyn.append(v)
+                return ("S", type(v))
+            return ("V", v)
+        if isinstance(v, (list, tuple)):
+            if kind == "scalar_list" and info.name not in low.static:
+                return ("L", tuple(self.encode(x, info, low) for x in v))
+            if v and any(isinstance(x, torch.Tensor) for x in v) or kind in ("tensor_list", "opt_tensor_list"):
+                return ("L", tuple(self.encode(x, info, low) for x in v))
+            return ("V", tuple(v))
+        return ("V", v)
+
+
+def _decode(spec, vals, scalars):
+    if spec is None:
+        return None
+    tag = spec[0]
+    if tag == "T":
+        return vals[spec[1]]
+    if tag == "S":
+        return next(scalars)
+    if tag == "L":
+        return [_decode(s, vals, scalars) for s in spec[1]]
+    v = spec[1]
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _flatten(low: Lowering, args, kwargs) -> tuple[_Flat, tuple, tuple]:
+    flat = _Flat()
+    infos = low.args
+    pos = []
+    i = 0
+    for a in args:
+        info = infos[i] if i < len(infos) else None
+        pos.append(flat.encode(a, info, low))
+        i += 1
+    kw = []
+    if kwargs:
+        names = {a.name: a for a in infos}
+        for name, v in kwargs.items():
+            kw.append((name, flat.encode(v, names.get(name), low)))
+    return flat, tuple(pos), tuple(kw)
+
+
+def _cast_to(x, dtype, op_name, target_name):
+    src = to_torch_dtype(x.dtype)
+    dst = to_torch_dtype(dtype)
+    if src != dst and not torch.can_cast(src, dst):
+        raise RuntimeError(
+            f"{op_name}: result type {_pretty(src)} can't be cast to the desired output type "
+            f"{_pretty(dst)} (argument '{target_name}')"
+        )
+    return x.astype(dtype)
+
+
+def _pretty(dt: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.complex64: "ComplexFloat", torch.uint8: "Byte", torch.int8: "Char",
+            torch.int16: "Short", torch.complex128: "ComplexDouble"}.get(dt, str(dt))
+
+
+def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
+    fn = low.fn
+    mode = low.mode
+    arg_names = [a.name for a in low.args]
+
+    def program(bufs, scalars, rngdata):
+        bufs = list(bufs)
+        for i, (numel, bdt) in enumerate(store_specs):
+            if bufs[i] is None:
+                bufs[i] = jnp.zeros((numel,), bdt)
+        vals = [geometry.read(bufs[s], shape, stride, off, dt) for (s, shape, stride, off, dt) in leaves]
+        it = iter(scalars)
+        args = [_decode(s, vals, it) for s in pos]
+        kwargs = {name: _decode(s, vals, it) for name, s in kw}
+        if low.promote is not None:
+            named = dict(zip(arg_names, args))
+            named.update(kwargs)
+            present = [n for n in low.promote_args if named.get(n) is not None]
+            cast, res_dtype = promotion.promote(low.promote, *[named[n] for n in present])
+            for n, v in zip(present, cast):
+                if n in kwargs:
+                    kwargs[n] = v
+                else:
+                    args[arg_names.index(n)] = v
+        if low.random:
+            kwargs["key"] = rng.key(*rngdata)
+        result = fn(*args, **kwargs)
+        if low.promote is not None and result is not None and not isinstance(result, (tuple, list)):
+            result = result.astype(res_dtype)
+        if mode == "inplace":
+            return (), _write_back(low, result, pos, kw, leaves, bufs, arg_names)
+        if result is None:
+            compiled.structure = "none"
+            return (), ()
+        if isinstance(result, (tuple, list)):
+            compiled.structure = "tuple" if isinstance(result, tuple) else "list"
+            outs = list(result)
+        else:
+            compiled.structure = "one"
+            outs = [result]
+        outs = [jnp.asarray(o) for o in outs]
+        compiled.outs = [(tuple(o.shape), to_torch_dtype(o.dtype)) for o in outs]
+        return tuple(o.reshape(-1) for o in outs), ()
+
+    return jax.jit(program)
+
+
+def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
+    """Write in-place results into their storages; returns the updated buffers."""
+    target = low.mutated[0]
+    idx = arg_names.index(target)
+    spec = pos[idx] if idx < len(pos) else dict(kw)[target]
+    if spec[0] == "T":
+        targets, results = [spec], [result]
+    else:
+        targets, results = list(spec[1]), list(result)
+    touched = {}
+    for tspec, r in zip(targets, results):
+        s, shape, stride, off, dt = leaves[tspec[1]]
+        r = jnp.asarray(r)
+        if r.shape != tuple(shape):
+            try:
+                bshape = jnp.broadcast_shapes(r.shape, tuple(shape))
+            except ValueError:
+                bshape = None
+            if bshape != tuple(shape):
+                raise RuntimeError(
+                    f"{low.name}: output with shape {list(shape)} doesn't match the broadcast "
+                    f"shape {list(bshape or r.shape)}"
+                )
+        r = _cast_to(r, dt, low.name, target)
+        bufs[s] = geometry.write(bufs[s], r, shape, stride, off)
+        touched[s] = True
+    return {s: bufs[s] for s in touched}
+
+
+def execute(low: Lowering, args, kwargs):
+    flat, pos, kw = _flatten(low, args, kwargs)
+    entries = flat.entries
+    store_specs = tuple((e.numel, e.dtype) for e in entries)
+    inited = tuple(e.buf is not None for e in entries)
+    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited)
+    compiled = _cache.get(key)
+    if compiled is None:
+        compiled = _Compiled()
+        compiled.fn = _build(low, pos, kw, flat.leaves, store_specs, compiled)
+        with _cache_lock:
+            _cache[key] = compiled
+        metrics.bump("compiles")
+    else:
+        metrics.bump("cache_hits")
+    rngdata = rng.next_key_data() if low.random else ()
+    bufs = tuple(e.buf for e in entries)
+    outs, updated = compiled.fn(bufs, tuple(flat.dyn), rngdata)
+    metrics.bump("executions")
+    if low.mode == "inplace":
+        for s, b in updated.items():
+            entries[s].buf = b
+        rets = low.overload._schema.returns
+        if not rets:
+            return None
+        target = low.mutated[0]
+        i = [a.name for a in low.args].index(target)
+        return args[i] if i < len(args) else kwargs[target]
+    structure = compiled.structure
+    if structure == "none":
+        return None
+    results = [tensors.empty(shape, dt, buf) for (shape, dt), buf in zip(compiled.outs, outs)]
+    if structure == "one":
+        return results[0]
+    return tuple(results) if structure == "tuple" else results
+
+
+def cache_size() -> int:
+    return len(_cache)
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()

@@ -1,0 +1,136 @@
+"""The CPU fallback: any op with no tpu lowering runs on the CPU, counted and warned once.
+
+View ops never fall back: their geometry is computed on meta tensors and the
+result aliases the tpu storage, so writes through them reach the base.
+With the fallback disabled (TORCHTPU_FALLBACK=0 or torchtpu.set_fallback(False))
+an op with no lowering raises NotImplementedError naming the overload.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .. import metrics
+from ..runtime import storage, tensors
+
+_state = {"enabled": os.environ.get("TORCHTPU_FALLBACK", "1") not in ("0", "false", "False")}
+_warned: set = set()
+_lock = threading.Lock()
+
+
+def set_enabled(enabled: bool) -> None:
+    _state["enabled"] = bool(enabled)
+
+
+def enabled() -> bool:
+    return _state["enabled"]
+
+
+def is_view_op(op: torch._ops.OpOverload) -> bool:
+    rets = op._schema.returns
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    extent = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+    if t.numel() == 0:
+        extent = t.storage_offset()
+    base = torch.empty(max(extent, 0), dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def meta_view(op, args, kwargs):
+    """Run a view op on meta stand-ins, then alias the tpu storage with the result's geometry."""
+    base = next(a for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu")
+    margs, mkwargs = tree_map(
+        lambda a: _meta_like(a) if isinstance(a, torch.Tensor) and a.device.type == "tpu" else a,
+        (args, kwargs),
+    )
+    res = op(*margs, **mkwargs)
+
+    def wrap(m):
+        if isinstance(m, torch.Tensor):
+            return tensors.alias(base, m.shape, m.stride(), m.storage_offset(), m.dtype)
+        return m
+
+    if isinstance(res, (list, tuple)):
+        return type(res)(wrap(m) for m in res)
+    return wrap(res)
+
+
+def _check_devices(name, args, kwargs):
+    for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor) and a.device.type not in ("tpu", "meta") and a.dim() > 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"tpu:0 and {a.device}! (when checking arguments for {name})"
+            )
+
+
+def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
+    name = op.name() if hasattr(op, "name") else str(op)
+    name = str(op).removeprefix("aten.")
+    if not _state["enabled"]:
+        raise NotImplementedError(
+            f"torchtpu: {op._schema.name}.{op._overloadname} has no tpu lowering and the CPU "
+            "fallback is disabled (TORCHTPU_FALLBACK=0)"
+        )
+    _check_devices(name, args, kwargs)
+    with _lock:
+        first = name not in _warned
+        _warned.add(name)
+    if first:
+        warnings.warn(
+            f"torchtpu: {name} has no tpu lowering; running it on the CPU (copies in and out). "
+            "See torchtpu.metrics()['fallback_ops'].",
+            stacklevel=3,
+        )
+    metrics.fallback(name)
+
+    def to_cpu(a):
+        if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            return a.cpu()
+        if isinstance(a, torch.device) and a.type == "tpu":
+            return torch.device("cpu")
+        return a
+
+    cargs, ckwargs = tree_map(to_cpu, (args, kwargs))
+    if "device" in ckwargs and ckwargs["device"] is not None:
+        ckwargs["device"] = torch.device("cpu")
+    res = op(*cargs, **ckwargs)
+
+    # Mutated arguments: copy the CPU result back into the tpu tensor (resized if needed).
+    schema_args = op._schema.arguments
+    mutated = {}
+    for i, sa in enumerate(schema_args):
+        if sa.alias_info is None or not sa.alias_info.is_write:
+            continue
+        if sa.kwarg_only or i >= len(args):
+            orig, new = kwargs.get(sa.name), ckwargs.get(sa.name)
+        else:
+            orig, new = args[i], cargs[i]
+        if isinstance(orig, torch.Tensor) and orig.device.type == "tpu":
+            if orig.shape != new.shape:
+                orig.resize_(new.shape)
+            orig.copy_(new)
+            mutated[id(new)] = orig
+        elif isinstance(orig, (list, tuple)):
+            for o, n in zip(orig, new):
+                if isinstance(o, torch.Tensor) and o.device.type == "tpu":
+                    o.copy_(n)
+                    mutated[id(n)] = o
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            if id(r) in mutated:
+                return mutated[id(r)]
+            return r.to("tpu")
+        return r
+
+    if isinstance(res, (list, tuple)):
+        return type(res)(back(r) for r in res)
+    return back(res)

@@ -1,0 +1,46 @@
+"""Process-wide counters: compiles, cache hits, executions, transfers, CPU fallbacks."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+_lock = threading.Lock()
+_counts: Counter = Counter()
+_fallbacks: Counter = Counter()
+
+
+def bump(name: str, n: int = 1) -> None:
+    with _lock:
+        _counts[name] += n
+
+
+def fallback(op_name: str) -> None:
+    with _lock:
+        _fallbacks[op_name] += 1
+        _counts["cpu_fallbacks"] += 1
+
+
+def snapshot() -> dict:
+    with _lock:
+        out = {
+            k: _counts.get(k, 0)
+            for k in (
+                "compiles",
+                "cache_hits",
+                "executions",
+                "transfers_to_device",
+                "bytes_to_device",
+                "transfers_to_host",
+                "bytes_to_host",
+                "cpu_fallbacks",
+            )
+        }
+        out.update({k: v for k, v in _counts.items() if k not in out})
+        out["fallback_ops"] = dict(_fallbacks)
+        return out
+
+
+def reset() -> None:
+    with _lock:
+        _counts.clear()
+        _fallbacks.clear()

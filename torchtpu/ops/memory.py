@@ -1,0 +1,34 @@
+"""Copies and fills: the ops every other op's in-place and out= paths lean on."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .registry import lower
+
+
+@lower("copy")
+def copy(self, src, non_blocking=False):
+    src = jnp.asarray(src)
+    if src.dtype.kind == "c" and self.dtype.kind != "c":
+        src = jnp.real(src)
+    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+
+
+@lower("clone")
+def clone(self, memory_format=None):
+    return self
+
+
+@lower("fill.Scalar", "fill.Tensor")
+def fill(self, value):
+    return jnp.full(self.shape, value, self.dtype)
+
+
+@lower("zero")
+def zero(self):
+    return jnp.zeros(self.shape, self.dtype)
+
+
+@lower("lift_fresh_copy", "lift", "alias_copy", "detach_copy")
+def lift(self):
+    return self

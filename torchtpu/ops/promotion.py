@@ -1,0 +1,46 @@
+"""PyTorch's dtype promotion, applied to JAX values inside a trace.
+
+Python scalars reach a lowering as weakly-typed 0-d JAX values (that is how they
+stay runtime inputs), so their Python category (bool/int/float/complex) is read
+back from the weak type, and torch._prims_common decides exactly as PyTorch does.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from torch._prims_common import elementwise_dtypes
+
+from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+
+_SCALAR_PROXY = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
+
+
+def is_weak(x) -> bool:
+    aval = getattr(x, "aval", None)
+    if aval is not None:
+        return bool(getattr(aval, "weak_type", False))
+    return bool(getattr(x, "weak_type", False))
+
+
+def proxy(x):
+    """A torch stand-in for a promotion decision: python scalar or meta tensor."""
+    if isinstance(x, (bool, int, float, complex)):
+        return x
+    if x is None:
+        return None
+    if is_weak(x) and jnp.ndim(x) == 0:
+        return _SCALAR_PROXY[jnp.dtype(x.dtype).kind]
+    return torch.empty(tuple(jnp.shape(x)), dtype=to_torch_dtype(x.dtype), device="meta")
+
+
+def result_dtypes(kind, *vals):
+    """(computation dtype, result dtype) as numpy dtypes, for values in `vals`."""
+    proxies = [proxy(v) for v in vals if v is not None]
+    comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+    return to_jax_dtype(comp), to_jax_dtype(res)
+
+
+def promote(kind, *vals):
+    """Cast every value to the computation dtype; returns (values, result dtype)."""
+    comp, res = result_dtypes(kind, *vals)
+    return [None if v is None else jnp.asarray(v).astype(comp) for v in vals], res

@@ -1,0 +1,1 @@
+"""Device memory, transfers, view geometry and RNG state."""

@@ -1,0 +1,82 @@
+"""The one place that configures JAX and maps dtypes between torch and JAX.
+
+JAX is an implementation detail: nothing outside torchtpu sees a jax.Array.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")  # PyTorch's int64/float64 must stay 64-bit
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+}
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# numpy has no bfloat16: host transfers reinterpret bits through a same-size int.
+_BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
+
+
+def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"torchtpu: dtype {dtype} is not supported on the tpu device") from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+_device = None
+
+
+def device() -> jax.Device:
+    """The XLA device torchtpu drives: a TPU if present, else a GPU, else the host CPU."""
+    global _device
+    if _device is None:
+        _device = jax.devices()[0]
+    return _device
+
+
+def platform() -> str:
+    return device().platform
+
+
+def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy array (bit-exact; bfloat16 via ml_dtypes)."""
+    t = t.detach().resolve_conj().resolve_neg()
+    via = _BITCAST_VIA.get(t.dtype)
+    if via is not None:
+        return t.contiguous().view(via[0]).numpy().view(via[1])
+    return t.numpy()
+
+
+def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.from_numpy(np.ascontiguousarray(a))

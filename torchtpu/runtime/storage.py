@@ -1,0 +1,105 @@
+"""The storage table: one device buffer per torch StorageImpl.
+
+A tpu tensor is a plain torch.Tensor whose StorageImpl holds zero bytes; its data
+is a flat 1-D jax.Array kept here, keyed by the storage's address. Views share
+the StorageImpl and so share the entry. A weakref.finalize on the storage's
+Python object (which PyTorch keeps alive exactly as long as the StorageImpl)
+drops the entry, so device memory returns when the last tensor or view dies.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from . import jaxenv
+
+
+class Entry:
+    """One storage: its flat buffer (None until first written), length, dtype."""
+
+    __slots__ = ("buf", "numel", "dtype", "nbytes", "__weakref__")
+
+    def __init__(self, numel: int, dtype: np.dtype, buf=None):
+        self.numel = numel
+        self.dtype = dtype
+        self.nbytes = numel * dtype.itemsize
+        self.buf = buf
+
+
+_table: dict[int, Entry] = {}
+_lock = threading.Lock()
+_stats = {"allocated": 0, "peak": 0}
+
+
+def _release(key: int, entry: Entry) -> None:
+    with _lock:
+        if _table.get(key) is entry:
+            del _table[key]
+        _stats["allocated"] -= entry.nbytes
+
+
+def _account(nbytes: int) -> None:
+    with _lock:
+        _stats["allocated"] += nbytes
+        if _stats["allocated"] > _stats["peak"]:
+            _stats["peak"] = _stats["allocated"]
+
+
+def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
+    """Give the (new) storage of `t` a buffer of `numel` elements of `dtype`."""
+    storage = t.untyped_storage()
+    key = storage._cdata
+    entry = Entry(numel, dtype, buf)
+    with _lock:
+        _table[key] = entry
+    _account(entry.nbytes)
+    weakref.finalize(storage, _release, key, entry)
+    return entry
+
+
+def lookup(t: torch.Tensor) -> Entry:
+    try:
+        return _table[t.untyped_storage()._cdata]
+    except KeyError:
+        raise RuntimeError(
+            "torchtpu: this tpu tensor has no device buffer (was it created outside torchtpu?)"
+        ) from None
+
+
+def lookup_storage(storage) -> Entry:
+    return _table[storage._cdata]
+
+
+def resize(entry: Entry, numel: int) -> None:
+    """Grow a storage in place (PyTorch's resize_ keeps the StorageImpl)."""
+    if numel <= entry.numel:
+        return
+    extra = (numel - entry.numel) * entry.dtype.itemsize
+    if entry.buf is not None:
+        import jax.numpy as jnp
+
+        entry.buf = jnp.concatenate([entry.buf, jnp.zeros(numel - entry.numel, entry.dtype)])
+    entry.numel = numel
+    entry.nbytes += extra
+    _account(extra)
+
+
+def memory_allocated() -> int:
+    return _stats["allocated"]
+
+
+def max_memory_allocated() -> int:
+    return _stats["peak"]
+
+
+def reset_peak_memory_stats() -> None:
+    _stats["peak"] = _stats["allocated"]
+
+
+def live_buffers() -> int:
+    return len(_table)
+
+

@@ -1,0 +1,34 @@
+"""Making tpu tensors: fresh ones over new buffers, and aliases over old storage."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import storage
+from .jaxenv import to_jax_dtype
+
+_create = torch._C._acc.create_empty_tensor
+# Meta, not CPU: the CPU kernel would resize the zero-byte storage through a meta
+# allocator and turn the storage into a meta one; the Meta kernel only grows nbytes.
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+
+
+def empty(shape, dtype: torch.dtype, buf=None) -> torch.Tensor:
+    """A new contiguous tpu tensor; `buf` is its flat jax buffer (None: not yet written)."""
+    shape = tuple(shape)
+    t = _create(shape, dtype)
+    storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+    return t
+
+
+def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
+    out = _create((0,), dtype or base.dtype)
+    _set_storage.redispatch(_CPU, out, base.untyped_storage(), offset, list(shape), list(stride))
+    return out
+
+
+def set_geometry(t: torch.Tensor, storage_obj, shape, stride, offset: int) -> None:
+    _set_storage.redispatch(_CPU, t, storage_obj, offset, list(shape), list(stride))
