@@ -19,6 +19,7 @@ from .eager import kernels as _kernels  # noqa: E402
 from . import metrics as _metrics  # noqa: E402
 
 _kernels.register_runtime()
+_kernels.register_kernels()
 _kernels.register_lowerings()
 
 __version__ = "0.1.0"

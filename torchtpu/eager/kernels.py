@@ -12,7 +12,7 @@ import math
 import torch
 
 from .. import metrics
-from ..ops.registry import LOWERINGS, Lowering, variants_of
+from ..ops.registry import KERNELS, LOWERINGS, Lowering, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import fallback
@@ -64,9 +64,9 @@ def register_lowerings() -> None:
     for name, low in list(LOWERINGS.items()):
         if name in _registered:
             continue
-        _impl(name, _functional_kernel(low))
+        _impl(name, _out_kernel(low) if low.mode == "out" else _functional_kernel(low))
         SERVED[name] = low
-        if not low.extra.get("variants", True):
+        if low.mode != "functional" or not low.extra.get("variants", True):
             continue
         for var in variants_of(low):
             if var.name in LOWERINGS or var.name in SERVED:
@@ -78,6 +78,12 @@ def register_lowerings() -> None:
                 _impl(var.name, _functional_kernel(var))
             else:
                 _impl(var.name, _out_kernel(var))
+
+
+def register_kernels() -> None:
+    for name, fn in KERNELS.items():
+        _impl(name, fn)
+        SERVED.setdefault(name, None)
 
 
 # --- runtime kernels -------------------------------------------------------

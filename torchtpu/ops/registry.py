@@ -128,7 +128,33 @@ def lower(
                 name, fn, op, args, promote, pa, frozenset(static), random,
                 extra={"variants": variants},
             )
+            mutable = [a for a in args if a.mutable]
+            if mutable and mutable[0].kwarg_only:
+                # an out= overload with no functional twin: compute, then copy into `out`
+                low.mode, low.mutated = "out", tuple(a.name for a in mutable)
+                low.extra["functional"] = Lowering(
+                    name, fn, op, args, promote, pa, frozenset(static), random
+                )
+            elif mutable:
+                # an in-place overload with no functional twin (normal_, random_)
+                low.mode, low.mutated = "inplace", (mutable[0].name,)
             LOWERINGS[name] = low
+        return fn
+
+    return deco
+
+
+KERNELS: dict[str, Callable] = {}
+
+
+def kernel(*names: str):
+    """Register a hand-written kernel on torch tensors, for ops no jitted lowering can
+    express (data-dependent output shapes such as nonzero). Use sparingly."""
+
+    def deco(fn):
+        for name in names:
+            overload(name)  # fail early on a misspelt name
+            KERNELS[name] = fn
         return fn
 
     return deco

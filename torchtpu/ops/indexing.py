@@ -1,0 +1,7 @@
+"""Indexing, gather/scatter, masking."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .registry import lower

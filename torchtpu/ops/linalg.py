@@ -1,0 +1,7 @@
+"""Matrix products, attention, embedding backward, linear algebra."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .registry import lower

@@ -1,0 +1,7 @@
+"""Convolution, pooling and normalization layers with their backward ops."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .registry import lower
