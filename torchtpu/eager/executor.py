@@ -95,7 +95,8 @@ class _Flat:
             return None
         kind = info.kind if info is not None else "other"
         if isinstance(v, _SCALARS):
-            if kind in ("scalar", "scalar_list") and info.name not in low.static:
+            # A Python number where a Tensor is expected is a wrapped scalar: a runtime value too.
+            if kind in ("scalar", "scalar_list", "tensor") and info.name not in low.static:
                 self.dyn.append(v)
                 return ("S", type(v))
             return ("V", v)

@@ -58,6 +58,10 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 def to_device_array(t: torch.Tensor) -> jax.Array:
     """A CPU tensor's value on the device (same shape and dtype)."""
     a = torch_to_numpy(t)
+    if device().platform == "cpu":
+        # XLA:CPU may alias an aligned numpy buffer instead of copying it; the CPU
+        # tensor can change later, so the device value must own its memory.
+        a = a.copy()
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())

@@ -1,0 +1,112 @@
+"""Writes through every kind of view reach the base exactly as on CPU."""
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+VIEWS = {
+    "view": lambda x: x.view(-1),
+    "view_2d": lambda x: x.view(4, 6),
+    "reshape": lambda x: x.reshape(2, 12),
+    "transpose": lambda x: x.transpose(0, 1),
+    "t": lambda x: x.t(),
+    "permute": lambda x: x.reshape(2, 3, 4).permute(2, 0, 1),
+    "slice": lambda x: x[1:3],
+    "slice_step": lambda x: x[::2],
+    "slice_cols": lambda x: x[:, 1:5:2],
+    "select": lambda x: x[2],
+    "select_col": lambda x: x[:, 3],
+    "narrow": lambda x: x.narrow(1, 2, 3),
+    "expand_then_select": lambda x: x[0:1].expand(3, 6)[0],
+    "squeeze": lambda x: x[1:2].squeeze(0),
+    "unsqueeze": lambda x: x.unsqueeze(1),
+    "diagonal": lambda x: x.diagonal(),
+    "diagonal_offset": lambda x: x.diagonal(offset=1),
+    "unfold": lambda x: x.view(-1).unfold(0, 4, 4),
+    "as_strided": lambda x: x.as_strided((2, 2), (6, 1), 1),
+    "detach": lambda x: x.detach(),
+    "alias": lambda x: torch.ops.aten.alias(x),
+    "split": lambda x: x.split(2)[1],
+    "chunk": lambda x: x.chunk(3, dim=1)[2],
+    "unbind": lambda x: x.unbind(0)[3],
+    "nested": lambda x: x.t()[1:5].t()[::2],
+    "movedim": lambda x: x.reshape(2, 3, 4).movedim(0, 2)[1],
+    "view_dtype": lambda x: x.view(torch.int32),
+}
+
+
+def _base():
+    return torch.arange(24, dtype=torch.float32).reshape(4, 6)
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+@pytest.mark.parametrize("write", ["fill", "add", "mul", "copy"])
+def test_write_through_view(name, write, no_fallback):
+    make = VIEWS[name]
+
+    def program(dev):
+        base = _base().to(dev)
+        v = make(base)
+        if write == "fill":
+            v.fill_(-1)
+        elif write == "add":
+            v.add_(1)
+        elif write == "mul":
+            v.mul_(3)
+        else:
+            v.copy_(torch.full(v.shape, 7).to(v.dtype).to(dev))
+        return base, v
+
+    cb, cv = program("cpu")
+    tb, tv = program("tpu")
+    assert tv.device.type == "tpu"
+    assert tv.shape == cv.shape and tv.stride() == cv.stride()
+    assert tv.storage_offset() == cv.storage_offset()
+    torch.testing.assert_close(tb.cpu(), cb, equal_nan=True)
+    torch.testing.assert_close(tv.cpu(), cv)
+
+
+def test_views_share_storage():
+    x = torch.zeros(3, 4, device="tpu")
+    y = x.t()
+    assert y.untyped_storage()._cdata == x.untyped_storage()._cdata
+    assert y._base is x
+
+
+def test_transpose_column_fill():
+    x = torch.zeros(3, 4, device="tpu")
+    x.t()[1].fill_(-1)
+    expected = torch.zeros(3, 4)
+    expected[:, 1] = -1
+    torch.testing.assert_close(x.cpu(), expected)
+
+
+def test_strided_slice_iadd():
+    a = torch.arange(10.0)
+    b = a.to("tpu")
+    a[::2] += 1
+    b[::2] += 1
+    torch.testing.assert_close(b.cpu(), a)
+
+
+def test_flat_view_add():
+    x = torch.arange(6.0).reshape(2, 3)
+    y = x.to("tpu")
+    x.view(-1).add_(1)
+    y.view(-1).add_(1)
+    torch.testing.assert_close(y.cpu(), x)
+
+
+def test_base_write_visible_in_view():
+    x = torch.zeros(4, 4, device="tpu")
+    d = x.diagonal()
+    x.fill_(2)
+    torch.testing.assert_close(d.cpu(), torch.full((4,), 2.0))
+
+
+def test_read_noncontiguous_views():
+    x = torch.randn(5, 7)
+    t = x.to("tpu")
+    for f in (lambda z: z.t(), lambda z: z[1::2, ::3], lambda z: z[:, None, 2].expand(5, 3),
+              lambda z: z.as_strided((3, 3), (1, 7), 2)):
+        torch.testing.assert_close(f(t).cpu(), f(x))
