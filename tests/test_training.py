@@ -1,0 +1,113 @@
+"""End to end: the same training program on tpu and CPU gives the same losses."""
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchtpu
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(), nn.Dropout(0.0),
+                         nn.LayerNorm(64), nn.Linear(64, 5))
+
+
+class _CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(16 * 2 * 2, 5)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = F.avg_pool2d(x, 2)
+        return self.head(x.flatten(1))
+
+
+def _train(make, data, device, steps=20, opt_name="adamw", clip=False):
+    torch.manual_seed(0)
+    model = make().to(device)
+    if opt_name == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    elif opt_name == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    losses = []
+    for step in range(steps):
+        x, y = data[step % len(data)]
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _data(shape, n=4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(*shape, generator=g), torch.randint(0, 5, (shape[0],), generator=g)) for _ in range(n)]
+
+
+def _assert_same_losses(cpu, tpu):
+    for step, (c, t) in enumerate(zip(cpu, tpu)):
+        assert abs(c - t) <= 1e-4 * abs(c) + 1e-6, f"step {step}: cpu {c} tpu {t}"
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "adam", "sgd"])
+def test_mlp_matches_cpu(opt_name):
+    data = _data((16, 20))
+    cpu, _ = _train(_mlp, data, "cpu", opt_name=opt_name, clip=opt_name == "adam")
+    torchtpu.reset_metrics()
+    tpu, _ = _train(_mlp, data, "tpu", opt_name=opt_name, clip=opt_name == "adam")
+    assert torchtpu.metrics()["cpu_fallbacks"] == 0, torchtpu.metrics()["fallback_ops"]
+    _assert_same_losses(cpu, tpu)
+
+
+def test_cnn_matches_cpu():
+    data = _data((4, 3, 16, 16))
+    cpu, cm = _train(_CNN, data, "cpu")
+    torchtpu.reset_metrics()
+    tpu, tm = _train(_CNN, data, "tpu")
+    assert torchtpu.metrics()["cpu_fallbacks"] == 0, torchtpu.metrics()["fallback_ops"]
+    _assert_same_losses(cpu, tpu)
+    # BatchNorm running statistics were updated in place on the device
+    torch.testing.assert_close(tm.bn1.running_mean.cpu(), cm.bn1.running_mean, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tm.bn1.running_var.cpu(), cm.bn1.running_var, rtol=1e-4, atol=1e-5)
+    assert int(tm.bn1.num_batches_tracked.item()) == 20
+
+
+def test_live_buffers_flat_over_1000_steps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8, device="tpu")
+    y = torch.randint(0, 2, (4,), device="tpu")
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    from torchtpu.runtime import storage
+
+    for _ in range(5):
+        step()
+    gc.collect()
+    start_buffers, start_bytes = storage.live_buffers(), torch.tpu.memory_allocated()
+    for _ in range(1000):
+        step()
+    gc.collect()
+    assert storage.live_buffers() == start_buffers
+    assert torch.tpu.memory_allocated() == start_bytes
