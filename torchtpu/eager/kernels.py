@@ -89,11 +89,23 @@ def register_kernels() -> None:
 # --- runtime kernels -------------------------------------------------------
 
 
+def _check_device(device, op: str) -> None:
+    if device is not None and torch.device(device).index not in (None, 0):
+        raise RuntimeError(
+            f"{op}: invalid device {torch.device(device)}; this process drives one device, tpu:0 "
+            "(use one process per device with torch.distributed)"
+        )
+
+
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_device(device, "empty")
+    if pin_memory:
+        raise RuntimeError("empty: pin_memory is not supported for tpu tensors")
     return tensors.empty(size, dtype or torch.get_default_dtype())
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device, "empty_strided")
     dtype = dtype or torch.get_default_dtype()
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
     base = tensors.empty((extent,), dtype)

@@ -1,0 +1,17 @@
+"""Validation CLIs: `python -m torchtpu.validate ops` (PyTorch's OpInfo suite on tpu vs CPU)."""
+from __future__ import annotations
+
+import importlib
+
+VALIDATORS: dict[str, str] = {
+    "ops": "torchtpu.validate.ops:main",
+}
+
+
+def get(name: str):
+    try:
+        target = VALIDATORS[name]
+    except KeyError:
+        raise SystemExit(f"unknown validator {name!r}; choose from {', '.join(sorted(VALIDATORS))}")
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)

@@ -1,0 +1,344 @@
+"""OpInfo conformance: every sample of every OpInfo in PyTorch's op_db, on tpu and on CPU.
+
+    python -m torchtpu.validate ops [--json PATH] [--markdown PATH] [--ops NAME ...]
+                                    [--dtypes float32 int64] [--max-samples N] [--no-backward]
+
+Each OpInfo ends in one state per direction (forward, and backward for
+differentiable ones): pass-native, pass-with-fallback, mismatch, error, skipped.
+CPU PyTorch is the oracle; tolerances are torch.testing.assert_close's per dtype.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import torchtpu
+
+from .progress import Progress
+
+STATES = ("pass-native", "pass-with-fallback", "mismatch", "error", "skipped")
+_RANK = {s: i for i, s in enumerate(("skipped", "pass-native", "pass-with-fallback", "mismatch", "error"))}
+
+# Ops whose values are random or uninitialized: only shapes, dtypes and devices are compared.
+NONDETERMINISTIC = {
+    "bernoulli", "normal", "normal_", "uniform", "rand_like", "randn_like", "randint_like", "randint",
+    "multinomial", "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "exponential", "geometric", "cauchy", "log_normal", "randn", "rand", "torch.randn", "randperm",
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d", "bernoulli_",
+}
+DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "bool": torch.bool, "float64": torch.float64}
+
+
+@dataclass
+class Result:
+    name: str
+    forward: str = "skipped"
+    backward: str = "skipped"
+    detail: str = ""
+    fallback_ops: set = field(default_factory=set)
+    samples: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"forward": self.forward, "backward": self.backward, "detail": self.detail[:500],
+                "fallback_ops": sorted(self.fallback_ops), "samples": self.samples,
+                "seconds": round(self.seconds, 2)}
+
+
+def _worse(a: str, b: str) -> str:
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+def opinfo_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def _to_tpu(x):
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to("tpu")
+        return t.requires_grad_(x.requires_grad) if x.is_leaf else t
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("tpu")
+    if isinstance(x, str) and x == "cpu":
+        return "tpu"
+    return x
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        c = x.detach().clone()
+        return c.requires_grad_(x.requires_grad)
+    return x
+
+
+def _compare(actual, expected, values: bool, dtype) -> None:
+    a_leaves, a_spec = tree_flatten(actual)
+    e_leaves, e_spec = tree_flatten(expected)
+    if len(a_leaves) != len(e_leaves):
+        raise AssertionError(f"output structure differs: {a_spec} vs {e_spec}")
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"expected a tensor, got {type(a).__name__}")
+            if e.device.type == "cpu" and a.device.type != "tpu":
+                raise AssertionError(f"result on {a.device}, expected tpu")
+            if a.shape != e.shape or a.dtype != e.dtype:
+                raise AssertionError(f"shape/dtype {tuple(a.shape)} {a.dtype} vs {tuple(e.shape)} {e.dtype}")
+            if values:
+                ac = a.detach().cpu()
+                ec = e.detach()
+                if ec.is_conj():
+                    ec = ec.resolve_conj()
+                if ec.is_neg():
+                    ec = ec.resolve_neg()
+                torch.testing.assert_close(ac, ec, equal_nan=True, check_stride=False, **_tol(dtype, ec.dtype))
+        elif values and isinstance(e, float) and isinstance(a, float):
+            torch.testing.assert_close(a, e, equal_nan=True)
+        elif values and a != e and not (isinstance(e, float) and e != e):
+            raise AssertionError(f"{a!r} != {e!r}")
+
+
+def _tol(dtype, out_dtype):
+    # PyTorch's defaults per dtype, loosened for low precision as its own OpInfo tests do.
+    if out_dtype in (torch.float16,):
+        return {"rtol": 1e-3, "atol": 1e-3}
+    if out_dtype in (torch.bfloat16,):
+        return {"rtol": 1.6e-2, "atol": 1e-2}
+    if out_dtype in (torch.float32, torch.complex64):
+        return {"rtol": 1.3e-5, "atol": 1e-5}
+    return {}
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int):
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Timeout(f"timed out after {seconds}s")
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _grads(outs, inputs, seed: int):
+    leaves = [o for o in tree_flatten(outs)[0]
+              if isinstance(o, torch.Tensor) and o.requires_grad and (o.is_floating_point() or o.is_complex())]
+    if not leaves or not inputs:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device) for o in leaves]
+    return torch.autograd.grad(leaves, inputs, cots, allow_unused=True)
+
+
+def _grad_inputs(sample):
+    leaves = tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
+
+
+def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120) -> Result:
+    name = opinfo_name(op)
+    res = Result(name)
+    t0 = time.perf_counter()
+    values = name not in NONDETERMINISTIC and op.name not in NONDETERMINISTIC
+    tested = False
+    try:
+        with _time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for dtype in dtypes:
+                if dtype not in op.supported_dtypes("cpu"):
+                    continue
+                want_grad = backward and op.supports_autograd and dtype.is_floating_point and \
+                    dtype in op.supported_backward_dtypes("cpu")
+                try:
+                    samples = list(op.sample_inputs("cpu", dtype, requires_grad=want_grad))[:max_samples]
+                except Exception as e:  # the sample generator itself failed on CPU
+                    res.detail = f"sample generation failed: {type(e).__name__}: {e}"
+                    continue
+                for i, sample in enumerate(samples):
+                    tested = True
+                    res.samples += 1
+                    fwd, bwd = _run_sample(op, sample, values, want_grad, dtype, res, seed=i)
+                    res.forward = _worse(res.forward, fwd)
+                    if want_grad:
+                        res.backward = _worse(res.backward, bwd)
+    except _Timeout as e:
+        res.forward = _worse(res.forward, "error")
+        res.detail = str(e)
+    if not tested and not res.detail:
+        res.detail = "no sample for the requested dtypes"
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _run_sample(op, sample, values, want_grad, dtype, res: Result, seed: int):
+    tpu_sample = tree_map(_to_tpu, (sample.input, sample.args, sample.kwargs))
+    cpu_sample = tree_map(_clone, (sample.input, sample.args, sample.kwargs))
+    try:
+        expected = op(cpu_sample[0], *cpu_sample[1], **cpu_sample[2])
+    except Exception:
+        return "skipped", "skipped"  # the CPU reference rejects this sample
+    torchtpu.reset_metrics()
+    try:
+        actual = op(tpu_sample[0], *tpu_sample[1], **tpu_sample[2])
+        fb = torchtpu.metrics()["fallback_ops"]
+        _compare(actual, expected, values, dtype)
+    except AssertionError as e:
+        res.detail = res.detail or f"forward: {_short(e)}"
+        return "mismatch", "skipped"
+    except Exception as e:
+        res.detail = res.detail or f"forward: {type(e).__name__}: {_short(e)}"
+        return "error", "skipped"
+    res.fallback_ops |= set(fb)
+    fwd = "pass-with-fallback" if fb else "pass-native"
+    if not want_grad:
+        return fwd, "skipped"
+    try:
+        eg = _grads(expected, _grad_inputs_from(cpu_sample), seed)
+    except Exception:
+        return fwd, "skipped"
+    if eg is None:
+        return fwd, "skipped"
+    torchtpu.reset_metrics()
+    try:
+        ag = _grads(actual, _grad_inputs_from(tpu_sample), seed)
+        fb = torchtpu.metrics()["fallback_ops"]
+        _compare([g for g in ag if g is not None] if ag else [],
+                 [g for g in eg if g is not None], values, dtype)
+    except AssertionError as e:
+        res.detail = res.detail or f"backward: {_short(e)}"
+        return fwd, "mismatch"
+    except Exception as e:
+        res.detail = res.detail or f"backward: {type(e).__name__}: {_short(e)}"
+        return fwd, "error"
+    res.fallback_ops |= {f"backward:{k}" for k in fb}
+    return fwd, "pass-with-fallback" if fb else "pass-native"
+
+
+def _grad_inputs_from(triple):
+    leaves = tree_flatten(triple)[0]
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return " | ".join(x.strip() for x in s[:4])[:300]
+
+
+def select(names=None):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = list(op_db)
+    if names:
+        wanted = set(names)
+        ops = [o for o in ops if o.name in wanted or opinfo_name(o) in wanted]
+    return ops
+
+
+def summarize(results: list[Result]) -> dict:
+    fwd = {s: 0 for s in STATES}
+    bwd = {s: 0 for s in STATES}
+    for r in results:
+        fwd[r.forward] += 1
+        bwd[r.backward] += 1
+    total = len(results)
+    diff = total - bwd["skipped"]
+    return {
+        "opinfos": total,
+        "forward": fwd,
+        "backward": bwd,
+        "forward_native_pct": round(100 * fwd["pass-native"] / max(total, 1), 2),
+        "forward_any_pass_pct": round(100 * (fwd["pass-native"] + fwd["pass-with-fallback"]) / max(total, 1), 2),
+        "backward_native_pct_of_differentiable": round(100 * bwd["pass-native"] / max(diff, 1), 2),
+        "lowered_overloads": len(torchtpu.lowered_ops()),
+    }
+
+
+def print_summary(summary: dict, out=sys.stdout) -> None:
+    print(file=out)
+    print(f"{'state':<22}{'forward':>10}{'backward':>10}", file=out)
+    print("-" * 42, file=out)
+    for s in STATES:
+        print(f"{s:<22}{summary['forward'][s]:>10}{summary['backward'][s]:>10}", file=out)
+    print("-" * 42, file=out)
+    print(f"OpInfos: {summary['opinfos']}   forward native: {summary['forward_native_pct']}%   "
+          f"forward pass (any): {summary['forward_any_pass_pct']}%   backward native (of "
+          f"differentiable): {summary['backward_native_pct_of_differentiable']}%   lowered overloads: "
+          f"{summary['lowered_overloads']}", file=out)
+
+
+def write_markdown(path: str, summary: dict, results: list[Result], argv: list[str]) -> None:
+    lines = ["# OpInfo conformance on tpu", "",
+             f"Generated by `python -m torchtpu.validate ops {' '.join(argv)}` "
+             f"(torch {torch.__version__}, XLA:{torchtpu.platform()}).", "",
+             "| state | forward | backward |", "|---|---:|---:|"]
+    for s in STATES:
+        lines.append(f"| {s} | {summary['forward'][s]} | {summary['backward'][s]} |")
+    lines += ["", f"- OpInfos: {summary['opinfos']}",
+              f"- forward native: {summary['forward_native_pct']} %",
+              f"- forward passing with fallback allowed: {summary['forward_any_pass_pct']} %",
+              f"- backward native, of differentiable: {summary['backward_native_pct_of_differentiable']} %",
+              f"- ATen overloads lowered natively: {summary['lowered_overloads']}", "",
+              "## Not passing natively", "", "| OpInfo | forward | backward | detail |", "|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: r.name):
+        if r.forward in ("pass-native", "skipped") and r.backward in ("pass-native", "skipped"):
+            continue
+        detail = (r.detail or ", ".join(sorted(r.fallback_ops))).replace("|", "/")[:160]
+        lines.append(f"| {r.name} | {r.forward} | {r.backward} | {detail} |")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m torchtpu.validate ops")
+    p.add_argument("--json", help="write per-OpInfo states and the lowered overloads here")
+    p.add_argument("--markdown", help="write a markdown report here (e.g. docs/opinfo.md)")
+    p.add_argument("--ops", nargs="*", help="OpInfo names (default: all 702)")
+    p.add_argument("--dtypes", nargs="*", default=["float32", "int64"], choices=sorted(DTYPES))
+    p.add_argument("--max-samples", type=int, default=6, help="samples per OpInfo and dtype")
+    p.add_argument("--no-backward", action="store_true")
+    p.add_argument("--timeout", type=int, default=180, help="seconds per OpInfo")
+    args = p.parse_args(argv)
+    ops = select(args.ops)
+    dtypes = [DTYPES[d] for d in args.dtypes]
+    prog = Progress(len(ops), "ops ")
+    results = []
+    for op in ops:
+        r = run_opinfo(op, dtypes, args.max_samples, not args.no_backward, args.timeout)
+        results.append(r)
+        prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+    summary = summarize(results)
+    print_summary(summary)
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "argv": argv, "ops": {r.name: r.to_json() for r in results},
+                       "lowered": torchtpu.lowered_ops()}, f, indent=1, sort_keys=True)
+    if args.markdown:
+        write_markdown(args.markdown, summary, results, argv)
+    return 0
