@@ -110,3 +110,28 @@ def test_read_noncontiguous_views():
     for f in (lambda z: z.t(), lambda z: z[1::2, ::3], lambda z: z[:, None, 2].expand(5, 3),
               lambda z: z.as_strided((3, 3), (1, 7), 2)):
         torch.testing.assert_close(f(t).cpu(), f(x))
+
+
+@pytest.mark.parametrize("name", ["squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_"])
+def test_inplace_geometry_ops(name, no_fallback):
+    def program(dev):
+        x = torch.arange(6.0).reshape(1, 6).to(dev)
+        base = x
+        if name == "squeeze_":
+            x = x[:, 1:5].squeeze_(0)
+        elif name == "unsqueeze_":
+            x = x[0].unsqueeze_(1)
+        elif name == "transpose_":
+            x = x.view(2, 3).transpose_(0, 1)
+        elif name == "t_":
+            x = x.view(3, 2).t_()
+        else:
+            x = x.view(6).as_strided_((2, 2), (1, 2), 1)
+        x.mul_(-1)
+        return base, x
+
+    cb, cx = program("cpu")
+    tb, tx = program("tpu")
+    assert tx.shape == cx.shape and tx.stride() == cx.stride()
+    torch.testing.assert_close(tx.cpu(), cx)
+    torch.testing.assert_close(tb.cpu(), cb)

@@ -62,6 +62,23 @@ def meta_view(op, args, kwargs):
     return wrap(res)
 
 
+# In-place ops that change only a tensor's geometry: never data, never a fallback.
+_INPLACE_VIEWS = {"squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_", "swapdims_", "swapaxes_"}
+
+
+def is_inplace_view_op(op: torch._ops.OpOverload) -> bool:
+    return op._schema.name.split("::")[-1] in _INPLACE_VIEWS
+
+
+def meta_inplace_view(op, args, kwargs):
+    """Apply an in-place geometry change (x.squeeze_()) computed on a meta stand-in."""
+    self = args[0]
+    m = _meta_like(self)
+    op(m, *args[1:], **kwargs)
+    tensors.set_geometry(self, self.untyped_storage(), m.shape, m.stride(), m.storage_offset())
+    return self
+
+
 def _check_devices(name, args, kwargs):
     for a in torch.utils._pytree.tree_leaves((args, kwargs)):
         if isinstance(a, torch.Tensor) and a.device.type not in ("tpu", "meta") and a.dim() > 0:

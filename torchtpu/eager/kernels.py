@@ -198,6 +198,8 @@ def view_kernel(op):
 def _boxed_fallback(op, *args, **kwargs):
     if fallback.is_view_op(op):
         return fallback.meta_view(op, args, kwargs)
+    if fallback.is_inplace_view_op(op):
+        return fallback.meta_inplace_view(op, args, kwargs)
     return fallback.run_on_cpu(op, args, kwargs)
 
 

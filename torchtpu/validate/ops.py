@@ -248,6 +248,15 @@ def _short(e: BaseException) -> str:
     return " | ".join(x.strip() for x in s[:4])[:300]
 
 
+_BY_NAME: dict = {}
+
+
+def _run_named(name: str, dtypes, max_samples, backward, timeout) -> Result:
+    if not _BY_NAME:
+        _BY_NAME.update({opinfo_name(o): o for o in select()})
+    return run_opinfo(_BY_NAME[name], [DTYPES[d] for d in dtypes], max_samples, backward, timeout)
+
+
 def select(names=None):
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -323,15 +332,32 @@ def main(argv=None) -> int:
     p.add_argument("--max-samples", type=int, default=6, help="samples per OpInfo and dtype")
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--timeout", type=int, default=180, help="seconds per OpInfo")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
     args = p.parse_args(argv)
     ops = select(args.ops)
-    dtypes = [DTYPES[d] for d in args.dtypes]
+    names = [opinfo_name(o) for o in ops]
     prog = Progress(len(ops), "ops ")
     results = []
-    for op in ops:
-        r = run_opinfo(op, dtypes, args.max_samples, not args.no_backward, args.timeout)
-        results.append(r)
-        prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+    job = (list(args.dtypes), args.max_samples, not args.no_backward, args.timeout)
+    if args.jobs <= 1:
+        for name in names:
+            r = _run_named(name, *job)
+            results.append(r)
+            prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+    else:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(_run_named, n, *job): n for n in names}
+            for fut in cf.as_completed(futs):
+                try:
+                    r = fut.result()
+                except Exception as e:  # a worker died (crash in XLA or torch)
+                    r = Result(futs[fut], forward="error", detail=f"worker died: {type(e).__name__}: {e}")
+                results.append(r)
+                prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+        results.sort(key=lambda r: names.index(r.name))
     summary = summarize(results)
     print_summary(summary)
     if args.json:
