@@ -17,7 +17,9 @@ def _mlp():
 class _CNN(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        # no bias before BatchNorm: its gradient is pure rounding noise, which Adam
+        # amplifies to +-lr, so CPU and tpu would drift apart in running_mean alone
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(8)
         self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
         self.pool = nn.MaxPool2d(2)

@@ -18,11 +18,40 @@ from .eager import fallback as _fallback  # noqa: E402
 from .eager import kernels as _kernels  # noqa: E402
 from . import metrics as _metrics  # noqa: E402
 
+from .eager import deferred as _deferred  # noqa: E402
+from .eager import modes as _modes  # noqa: E402
+
 _kernels.register_runtime()
 _kernels.register_kernels()
 _kernels.register_lowerings()
 
+_deferred.install_hooks()
+
 __version__ = "0.1.0"
+
+
+def set_eager_mode(mode: str) -> None:
+    """Select how eager ops run: "strict" (default; each op is its own compiled
+    executable, asynchronous), "debug" (strict, synchronous, errors name the op and
+    the user's line; TORCHTPU_DEBUG_NANS=1 adds a NaN/Inf check per op) or
+    "defer_and_fuse" (ops are recorded and run as one fused executable per region).
+    Process-wide; the environment variable TORCHTPU_EAGER_MODE sets it at import."""
+    _modes.set(mode)
+
+
+def get_eager_mode() -> str:
+    """The current eager mode."""
+    return _modes.get()
+
+
+def eager_mode(mode: str):
+    """Context manager: run the block in `mode`, then restore the previous mode."""
+    return _modes.mode(mode)
+
+
+def set_debug_nans(enabled: bool) -> None:
+    """In debug mode, check every op's float outputs for NaN/Inf (TORCHTPU_DEBUG_NANS=1)."""
+    _modes.set_debug_nans(enabled)
 
 
 def metrics() -> dict:
@@ -64,6 +93,10 @@ def lowered_ops() -> list[str]:
 
 
 __all__ = [
+    "set_eager_mode",
+    "get_eager_mode",
+    "eager_mode",
+    "set_debug_nans",
     "metrics",
     "reset_metrics",
     "set_fallback",

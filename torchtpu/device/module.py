@@ -47,12 +47,14 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Block until every queued device computation has finished."""
+    """Materialize deferred work, then block until every queued computation has finished."""
+    from ..eager import deferred
     from ..runtime.storage import _table
 
+    deferred.flush("synchronize")
     for entry in list(_table.values()):
         buf = entry.buf
-        if buf is not None:
+        if hasattr(buf, "block_until_ready"):
             buf.block_until_ready()
 
 
@@ -125,3 +127,23 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+def set_eager_mode(mode: str) -> None:
+    """Same as torchtpu.set_eager_mode."""
+    from ..eager import modes
+
+    modes.set(mode)
+
+
+def get_eager_mode() -> str:
+    from ..eager import modes
+
+    return modes.get()
+
+
+def eager_mode(mode: str):
+    """Same as torchtpu.eager_mode (a context manager)."""
+    from ..eager import modes
+
+    return modes.mode(mode)

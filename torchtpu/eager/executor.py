@@ -20,18 +20,21 @@ from .. import metrics
 from ..ops import promotion
 from ..ops.registry import Lowering
 from ..runtime import geometry, rng, storage, tensors
+from . import deferred, modes
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 
 _SCALARS = (bool, int, float, complex)
 
 
 class _Compiled:
-    __slots__ = ("fn", "outs", "structure")
+    __slots__ = ("fn", "program", "outs", "structure", "updated")
 
     def __init__(self):
-        self.fn = None
+        self.fn = None  # jax.jit(program), compiled on first strict call
+        self.program = None  # the traceable function, reused inside fused regions
         self.outs = None  # [(shape, torch dtype)] of functional outputs
         self.structure = None  # "none" | "one" | "tuple" | "list"
+        self.updated = None  # storage indices an in-place op writes (known after a trace)
 
 
 _cache: dict = {}
@@ -191,7 +194,7 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
             return (), _write_back(low, result, pos, kw, leaves, bufs, arg_names)
         if result is None:
             compiled.structure = "none"
-            return (), ()
+            return (), {}
         if isinstance(result, (tuple, list)):
             compiled.structure = "tuple" if isinstance(result, tuple) else "list"
             outs = list(result)
@@ -200,9 +203,9 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
             outs = [result]
         outs = [jnp.asarray(o) for o in outs]
         compiled.outs = [(tuple(o.shape), to_torch_dtype(o.dtype)) for o in outs]
-        return tuple(o.reshape(-1) for o in outs), ()
+        return tuple(o.reshape(-1) for o in outs), {}
 
-    return jax.jit(program)
+    return program
 
 
 def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
@@ -234,6 +237,48 @@ def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
     return {s: bufs[s] for s in touched}
 
 
+_NO_KEY = (np.uint32(0), np.uint32(0), np.uint32(0))
+
+
+def _abstract(compiled: _Compiled, entries, dyn, rngdata) -> None:
+    """Learn output shapes/dtypes and written storages by tracing once, without running."""
+    bufs = tuple(
+        None if e.buf is None else jax.ShapeDtypeStruct((e.numel,), e.dtype) for e in entries
+    )
+    _, updated = jax.eval_shape(compiled.program, bufs, tuple(dyn), rngdata)
+    compiled.updated = tuple(sorted(updated))
+    metrics.bump("abstract_evals")
+
+
+def _concrete(entry):
+    b = entry.buf
+    tb = type(b)
+    if tb is deferred.Pending:
+        deferred.flush("strict_op")
+        b = entry.buf
+    elif tb is deferred.Failed:
+        b.raise_()
+    return b
+
+
+def _make_output(shape, dt, buf):
+    t = tensors.empty(shape, dt, buf)
+    return t, storage.lookup(t)
+
+
+def _describe(low: Lowering, flat: _Flat) -> str:
+    ins = ", ".join(
+        f"{tuple(t.shape)}:{str(t.dtype).removeprefix('torch.')}" for t in flat.tensors
+    )
+    return f"{low.name}({ins})"
+
+
+def _annotate(err: BaseException, low: Lowering, flat: _Flat) -> None:
+    where = deferred._origin()
+    at = f", issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
+    err.add_note(f"torchtpu: while running {_describe(low, flat)}{at}")
+
+
 def execute(low: Lowering, args, kwargs):
     flat, pos, kw = _flatten(low, args, kwargs)
     entries = flat.entries
@@ -241,23 +286,53 @@ def execute(low: Lowering, args, kwargs):
     inited = tuple(e.buf is not None for e in entries)
     key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited)
     compiled = _cache.get(key)
+    mode = modes._state["mode"]
     if compiled is None:
         compiled = _Compiled()
-        compiled.fn = _build(low, pos, kw, flat.leaves, store_specs, compiled)
+        compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
+        compiled.fn = jax.jit(compiled.program)
         with _cache_lock:
             _cache[key] = compiled
-        metrics.bump("compiles")
-    else:
+        if mode != "defer_and_fuse":
+            metrics.bump("compiles")
+    elif mode != "defer_and_fuse":
         metrics.bump("cache_hits")
+    if mode == "defer_and_fuse":
+        if compiled.updated is None:
+            try:
+                _abstract(compiled, entries, flat.dyn, _NO_KEY if low.random else ())
+            except Exception as err:
+                _annotate(err, low, flat)
+                raise
+        outs = deferred.record(compiled, key, entries, flat.dyn, low, _make_output)
+        return _finish(low, compiled, args, kwargs, outs)
     rngdata = rng.next_key_data() if low.random else ()
-    bufs = tuple(e.buf for e in entries)
-    outs, updated = compiled.fn(bufs, tuple(flat.dyn), rngdata)
+    bufs = tuple(_concrete(e) for e in entries)
+    try:
+        outs, updated = compiled.fn(bufs, tuple(flat.dyn), rngdata)
+        if mode == "debug":
+            jax.block_until_ready((outs, updated))
+            if modes.debug_nans():
+                _check_nans(low, flat, outs, updated)
+    except Exception as err:
+        _annotate(err, low, flat)
+        raise
     metrics.bump("executions")
+    if compiled.updated is None:
+        compiled.updated = tuple(sorted(updated))
     if low.mode == "inplace":
         for s, b in updated.items():
             entries[s].buf = b
-        rets = low.overload._schema.returns
-        if not rets:
+        return _finish(low, compiled, args, kwargs, None)
+    if compiled.structure == "none":
+        return None
+    results = [tensors.empty(shape, dt, buf) for (shape, dt), buf in zip(compiled.outs, outs)]
+    return _finish(low, compiled, args, kwargs, results)
+
+
+def _finish(low, compiled, args, kwargs, results):
+    if low.mode == "inplace":
+        if not low.overload._schema.returns:
             return None
         target = low.mutated[0]
         i = [a.name for a in low.args].index(target)
@@ -265,10 +340,17 @@ def execute(low: Lowering, args, kwargs):
     structure = compiled.structure
     if structure == "none":
         return None
-    results = [tensors.empty(shape, dt, buf) for (shape, dt), buf in zip(compiled.outs, outs)]
     if structure == "one":
         return results[0]
-    return tuple(results) if structure == "tuple" else results
+    return tuple(results) if structure == "tuple" else list(results)
+
+
+def _check_nans(low, flat, outs, updated) -> None:
+    for o in list(outs) + list(updated.values()):
+        if jnp.issubdtype(o.dtype, jnp.inexact) and not bool(jnp.isfinite(o).all()):
+            raise FloatingPointError(
+                f"torchtpu debug: {_describe(low, flat)} produced NaN or Inf (TORCHTPU_DEBUG_NANS=1)"
+            )
 
 
 def cache_size() -> int:

@@ -12,7 +12,7 @@ import math
 import torch
 
 from .. import metrics
-from ..ops.registry import KERNELS, LOWERINGS, Lowering, variants_of
+from ..ops.registry import KERNELS, LOWERINGS, Lowering, overload, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import fallback
@@ -195,6 +195,13 @@ def view_kernel(op):
     return kernel
 
 
+def _inplace_view_kernel(op):
+    def kernel(*args, **kwargs):
+        return fallback.meta_inplace_view(op, args, kwargs)
+
+    return kernel
+
+
 def _boxed_fallback(op, *args, **kwargs):
     if fallback.is_view_op(op):
         return fallback.meta_view(op, args, kwargs)
@@ -217,7 +224,10 @@ def register_runtime() -> None:
     _impl("set_.source_Storage_storage_offset", set_source_storage_offset)
     for name in ("view", "view.dtype", "_reshape_alias", "unfold", "view_as_real", "view_as_complex",
                  "_unsafe_view"):
-        from ..ops.registry import overload
-
         _impl(name, view_kernel(overload(name)))
+    # In-place geometry ops have composite kernels that check bounds against the
+    # zero-byte storage; ours computes the geometry on a meta stand-in instead.
+    for name in ("transpose_", "t_", "unsqueeze_", "squeeze_", "squeeze_.dim", "squeeze_.dims",
+                 "as_strided_", "swapaxes_", "swapdims_"):
+        _impl(name, _inplace_view_kernel(overload(name)))
     _fallback_lib.fallback(_boxed_fallback, "PrivateUse1")

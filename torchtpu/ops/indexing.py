@@ -1,7 +1,649 @@
-"""Indexing, gather/scatter, masking."""
+"""Indexing, gather/scatter, masking.
+
+Index validity: PyTorch raises on an out-of-range index. Inside a compiled
+program we cannot raise, so (like XLA) an out-of-range index is *not* checked:
+gathers (index, index_select, gather, take) clamp it into range and scatters
+(index_put, scatter*, index_add/copy/fill, put) drop the update. Negative
+indices follow PyTorch where PyTorch accepts them (index, index_put, take, put
+wrap them like Python indices); where PyTorch rejects them (gather, scatter,
+index_select, ...) they are clamped / dropped like any other invalid index.
+
+Data-dependent output shapes (nonzero, masked_select, unique, indexing with a
+boolean mask) are hand-written kernels: they compute on the device and read
+back only the size they need.
+"""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
+import torch
 
-from .registry import lower
+from ..runtime.jaxenv import to_jax_dtype
+from .registry import LOWERINGS, kernel, lower
+
+
+def _private(name, **kw):
+    """Build a Lowering for `name` without serving it directly: a kernel calls it."""
+
+    def deco(fn):
+        lower(name, **kw)(fn)
+        return LOWERINGS.pop(name)
+
+    return deco
+
+
+def _execute(low, args, kwargs=None):
+    from ..eager.executor import execute
+
+    return execute(low, args, kwargs or {})
+
+
+def _wrap(d, n):
+    return d + n if d < 0 else d
+
+
+def _is_mask(a) -> bool:
+    return a is not None and a.dtype in (jnp.bool_, jnp.uint8)
+
+
+def _grid(index, dim):
+    """An index tuple addressing self[..., index, ...] along `dim` for every position of `index`."""
+    nd = index.ndim
+    out = []
+    for d in range(nd):
+        if d == dim:
+            out.append(index)
+        else:
+            shape = [1] * nd
+            shape[d] = index.shape[d]
+            out.append(jnp.arange(index.shape[d], dtype=jnp.int64).reshape(shape))
+    return tuple(out)
+
+
+def _along(self, dim, index):
+    """An index tuple selecting `index` (1-D) along `dim` with full slices elsewhere."""
+    return (slice(None),) * dim + (index,)
+
+
+def _fit(src, shape):
+    """src sliced down to `shape` (torch lets src/self be larger than index in gather/scatter)."""
+    if tuple(src.shape) == tuple(shape):
+        return src
+    return src[tuple(slice(0, s) for s in shape)]
+
+
+# --- index / index_put -----------------------------------------------------
+
+
+def _index_tuple(self, indices):
+    idx = []
+    for a in indices:
+        idx.append(slice(None) if a is None else a)
+    return tuple(idx)
+
+
+@_private("index.Tensor")
+def _index_low(self, indices):
+    return self.at[_index_tuple(self, indices)].get(mode="clip")
+
+
+def _expand_masks(self, indices):
+    """Replace boolean masks by the long indices of their nonzero entries (syncs)."""
+    out = []
+    pos = 0
+    for a in indices:
+        if a is not None and a.dtype in (torch.bool, torch.uint8):
+            for j in range(a.dim()):
+                if pos + j >= self.dim() or a.shape[j] != self.shape[pos + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(a.shape)} at index {j} does not match the "
+                        f"shape of the indexed tensor {list(self.shape)} at index {pos + j}"
+                    )
+            nz = torch.nonzero(a)
+            out.extend(nz[:, j] for j in range(a.dim()))
+            pos += a.dim()
+        else:
+            out.append(a)
+            pos += 1
+    return out
+
+
+def _to_self(self, indices):
+    """CPU index tensors are accepted for device tensors (as on CUDA): move them over."""
+    return [a.to(self.device) if a is not None and a.device != self.device else a for a in indices]
+
+
+def _check_indices(self, indices):
+    n = sum(a.dim() if a is not None and a.dtype in (torch.bool, torch.uint8) else 1 for a in indices)
+    if n > self.dim():
+        raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {n})")
+    for a in indices:
+        if a is not None and not (a.dtype in (torch.bool, torch.uint8, torch.int64, torch.int32)):
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+
+
+@kernel("index.Tensor")
+def index(self, indices):
+    indices = _to_self(self, list(indices))
+    _check_indices(self, indices)
+    if any(a is not None and a.dtype in (torch.bool, torch.uint8) for a in indices):
+        if self.dim() == 0 and len(indices) == 1 and indices[0].dim() == 0:
+            # x[True] / x[False] on a 0-d tensor
+            keep = bool(indices[0].item())
+            return self.reshape(1)[: int(keep)].clone()
+        indices = _expand_masks(self, indices)
+    return _execute(_index_low, (self, indices))
+
+
+@kernel("index.Tensor_out")
+def index_out(self, indices, *, out):
+    r = index(self, indices)
+    if out.shape != r.shape:
+        out.resize_(r.shape)
+    out.copy_(r)
+    return out
+
+
+def _single_mask(self, indices):
+    """(position, mask) if the indices are one boolean mask surrounded by None entries."""
+    masks = [i for i, a in enumerate(indices) if _is_mask(a)]
+    if len(masks) != 1 or any(a is not None for i, a in enumerate(indices) if i != masks[0]):
+        return None
+    m = masks[0]
+    if indices[m].ndim == 0:
+        return None
+    return m, indices[m]
+
+
+def _index_put_fn(self, indices, values, accumulate=False, unsafe=False):
+    values = values.astype(self.dtype)
+    single = _single_mask(self, indices)
+    if single is not None:
+        p, mask = single
+        mask = mask.astype(jnp.bool_)
+        k = mask.ndim
+        rest = self.shape[p + k:]
+        # where the nnz dim of the indexed shape (self.shape[:p] + (nnz,) + rest) sits in `values`
+        vpos = values.ndim - len(rest) - 1
+        if vpos >= 0 and values.shape[vpos] != 1:
+            n = values.shape[vpos]
+            nz = jnp.nonzero(mask, size=n, fill_value=tuple(mask.shape))  # padding is dropped
+            idx = (slice(None),) * p + tuple(nz)
+            if accumulate:
+                return _reduce_into(self, idx, values, "add")
+            return self.at[idx].set(values, mode="drop")
+        target = self.shape[:p] + (1,) + rest
+        v = jnp.broadcast_to(values, target).reshape(self.shape[:p] + (1,) * k + rest)
+        v = jnp.broadcast_to(v, self.shape)
+        mb = mask.reshape((1,) * p + mask.shape + (1,) * len(rest))
+        if accumulate:
+            if self.dtype == jnp.bool_:
+                return self | (mb & v)
+            return self + jnp.where(mb, v, jnp.zeros((), self.dtype))
+        return jnp.where(mb, v, self)
+    idx = _index_tuple(self, indices)
+    if accumulate and self.dtype == jnp.bool_:
+        return self.at[idx].max(values, mode="drop")
+    if accumulate:
+        return self.at[idx].add(values, mode="drop")
+    return self.at[idx].set(values, mode="drop")
+
+
+_index_put_low = _private("_index_put_impl_")(_index_put_fn)
+
+
+@kernel("_index_put_impl_")
+def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    indices = _to_self(self, list(indices))
+    _check_indices(self, indices)
+    masks = [a for a in indices if a is not None and a.dtype in (torch.bool, torch.uint8)]
+    if masks:
+        pos = [i for i, a in enumerate(indices) if a is not None]
+        simple = len(masks) == 1 and len(pos) == 1 and masks[0].dim() > 0
+        if not simple:
+            indices = _expand_masks(self, indices)
+        else:
+            m = masks[0]
+            p = pos[0]
+            for j in range(m.dim()):
+                if p + j >= self.dim() or m.shape[j] != self.shape[p + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(m.shape)} at index {j} does not match the "
+                        f"shape of the indexed tensor {list(self.shape)} at index {p + j}"
+                    )
+    if values.device.type == "cpu" and values.dim() == 0:
+        values = values.to(self.device)
+    _execute(_index_put_low, (self, indices, values, accumulate, unsafe))
+    return self
+
+
+@kernel("index_put_")
+def index_put_(self, indices, values, accumulate=False):
+    return _index_put_impl_(self, indices, values, accumulate)
+
+
+@kernel("index_put")
+def index_put(self, indices, values, accumulate=False):
+    out = self.clone()
+    return _index_put_impl_(out, indices, values, accumulate)
+
+
+# --- index_select / gather / scatter ---------------------------------------
+
+
+@lower("index_select")
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return jnp.take(self.reshape(1), index.reshape(-1), axis=0, mode="clip").reshape(())
+    dim = _wrap(dim, self.ndim)
+    return jnp.take(self, index.reshape(-1), axis=dim, mode="clip")
+
+
+@lower("gather")
+def gather(self, dim, index, sparse_grad=False):
+    if index.ndim == 0 or self.ndim == 0:
+        s = self.reshape(-1)
+        return jnp.take(s, index.reshape(-1), mode="clip").reshape(index.shape)
+    dim = _wrap(dim, self.ndim)
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
+    return self.at[_grid(index, dim)].get(mode="clip")
+
+
+def _scatter_idx(self, dim, index):
+    if self.ndim == 0:
+        return None
+    return _grid(index, _wrap(dim, self.ndim))
+
+
+def _identity(dtype, reduce):
+    dtype = jnp.dtype(dtype)
+    if reduce in ("sum", "mean", "add"):
+        return jnp.zeros((), dtype)
+    if reduce in ("prod", "multiply"):
+        return jnp.ones((), dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(reduce == "amin", dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf if reduce == "amax" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return jnp.array(info.min if reduce == "amax" else info.max, dtype)
+
+
+def _reduce_into(self, idx, src, reduce, include_self=True):
+    """self with src reduced into positions idx (a jnp index tuple)."""
+    if reduce is None:
+        return self.at[idx].set(src, mode="drop")
+    if self.dtype == jnp.bool_:  # XLA has no boolean add/multiply: or / and
+        reduce = {"sum": "amax", "add": "amax", "prod": "amin", "multiply": "amin"}.get(reduce, reduce)
+    if not include_self:
+        base = self.at[idx].set(_identity(self.dtype, reduce), mode="drop")
+    else:
+        base = self
+    if reduce in ("sum", "add"):
+        return base.at[idx].add(src, mode="drop")
+    if reduce in ("prod", "multiply"):
+        return base.at[idx].multiply(src, mode="drop")
+    if reduce == "amax":
+        return base.at[idx].max(src, mode="drop")
+    if reduce == "amin":
+        return base.at[idx].min(src, mode="drop")
+    if reduce == "mean":
+        acc = self.dtype  # PyTorch accumulates in the tensor's own dtype here (half too)
+        sums = base.astype(acc).at[idx].add(src.astype(acc), mode="drop")
+        cdt = jnp.int64 if not jnp.issubdtype(self.dtype, jnp.floating) else acc
+        counts = jnp.full(self.shape, 1 if include_self else 0, cdt).at[idx].add(
+            jnp.ones(src.shape, cdt), mode="drop"
+        )
+        counts = jnp.maximum(counts, 1)
+        if jnp.issubdtype(self.dtype, jnp.floating) or jnp.issubdtype(self.dtype, jnp.complexfloating):
+            return (sums / counts).astype(self.dtype)
+        return jnp.floor_divide(sums, counts.astype(sums.dtype)).astype(self.dtype)
+    raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+
+
+def _scatter(self, dim, index, src, reduce):
+    if index.size == 0:
+        return self
+    if self.ndim == 0:
+        s = self.reshape(1)
+        i = index.reshape(1)
+        src = jnp.asarray(src).reshape(1).astype(self.dtype)
+        return _reduce_into(s, (i,), src, reduce).reshape(())
+    idx = _scatter_idx(self, dim, index)
+    if jnp.ndim(src) == 0:
+        src = jnp.broadcast_to(jnp.asarray(src).astype(self.dtype), index.shape)
+    else:
+        src = _fit(src, index.shape).astype(self.dtype)
+    if reduce is None:
+        return self.at[idx].set(src, mode="drop")
+    return _reduce_into(self, idx, src, reduce)
+
+
+@lower("scatter.src", "scatter.value")
+def scatter(self, dim, index, src=None, value=None):
+    return _scatter(self, dim, index, src if src is not None else value, None)
+
+
+@lower("scatter.reduce", "scatter.value_reduce")
+def scatter_reduce_legacy(self, dim, index, src=None, value=None, *, reduce):
+    if reduce not in ("add", "multiply"):
+        raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
+    return _scatter(self, dim, index, src if src is not None else value, reduce)
+
+
+@lower("scatter_add")
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, "add")
+
+
+@lower("scatter_reduce.two")
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if index.size == 0:
+        return self
+    if self.ndim == 0:
+        out = _reduce_into(self.reshape(1), (index.reshape(1),), src.reshape(1).astype(self.dtype), reduce,
+                           include_self)
+        return out.reshape(())
+    idx = _scatter_idx(self, dim, index)
+    return _reduce_into(self, idx, _fit(src, index.shape).astype(self.dtype), reduce, include_self)
+
+
+def _dim_index(self, dim, index):
+    dim = _wrap(dim, max(self.ndim, 1))
+    index = index.reshape(-1)
+    return dim, index
+
+
+@lower("index_add")
+def index_add(self, dim, index, source, *, alpha=1):
+    if self.dtype == jnp.bool_:
+        src = source.astype(jnp.bool_) & (jnp.asarray(alpha) != 0)
+    else:
+        src = (source * alpha).astype(self.dtype)
+    if self.ndim == 0:
+        return _reduce_into(self.reshape(1), (index.reshape(-1),), src.reshape(-1), "add").reshape(())
+    dim, index = _dim_index(self, dim, index)
+    src = src if src.ndim == self.ndim else src.reshape(src.shape + (1,) * (self.ndim - src.ndim))
+    return _reduce_into(self, _along(self, dim, index), src, "add")
+
+
+@lower("index_copy")
+def index_copy(self, dim, index, source):
+    if self.ndim == 0:
+        return self.reshape(1).at[index.reshape(-1)].set(source.reshape(-1).astype(self.dtype),
+                                                         mode="drop").reshape(())
+    dim, index = _dim_index(self, dim, index)
+    return self.at[_along(self, dim, index)].set(source.reshape(
+        self.shape[:dim] + (index.shape[0],) + self.shape[dim + 1:]).astype(self.dtype), mode="drop")
+
+
+@lower("index_fill.int_Scalar", "index_fill.int_Tensor")
+def index_fill(self, dim, index, value):
+    v = jnp.asarray(value).astype(self.dtype)
+    if self.ndim == 0:
+        return self.reshape(1).at[index.reshape(-1)].set(v, mode="drop").reshape(())
+    dim, index = _dim_index(self, dim, index)
+    return self.at[_along(self, dim, index)].set(v, mode="drop")
+
+
+@lower("index_reduce")
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    if self.ndim == 0:
+        return _reduce_into(self.reshape(1), (index.reshape(-1),), source.reshape(-1).astype(self.dtype), reduce,
+                            include_self).reshape(())
+    dim, index = _dim_index(self, dim, index)
+    src = source.reshape(self.shape[:dim] + (index.shape[0],) + self.shape[dim + 1:]).astype(self.dtype)
+    return _reduce_into(self, _along(self, dim, index), src, reduce, include_self)
+
+
+@lower("masked_scatter")
+def masked_scatter(self, mask, source):
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    s = jnp.broadcast_to(self, shape)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    if m.size == 0:
+        return s
+    pos = jnp.cumsum(m.astype(jnp.int64)) - 1
+    src = source.reshape(-1).astype(self.dtype)
+    if src.size == 0:
+        return s
+    picked = src[jnp.clip(pos, 0, src.size - 1)]
+    return jnp.where(m, picked, s.reshape(-1)).reshape(shape)
+
+
+@lower("take")
+def take(self, index):
+    flat = self.reshape(-1)
+    if flat.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
+    return flat.at[jnp.where(index < 0, index + flat.size, index)].get(mode="clip")
+
+
+@lower("put")
+def put(self, index, source, accumulate=False):
+    flat = self.reshape(-1)
+    i = index.reshape(-1)
+    i = jnp.where(i < 0, i + flat.size, i)
+    src = source.reshape(-1).astype(self.dtype)
+    if accumulate:
+        return _reduce_into(flat, (i,), src, "add").reshape(self.shape)
+    return flat.at[i].set(src, mode="drop").reshape(self.shape)
+
+
+# --- data-dependent shapes -------------------------------------------------
+
+
+def _value(t):
+    from ..runtime import transfer
+
+    return transfer.value(t)
+
+
+def _new(shape, dtype, arr):
+    from ..runtime import tensors
+
+    return tensors.empty(tuple(shape), dtype, jnp.asarray(arr).reshape(-1))
+
+
+@jax.jit
+def _count_nonzero(v):
+    return jnp.count_nonzero(v)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _nonzero_at(v, n):
+    if v.ndim == 0:
+        return jnp.zeros((n, 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(v, size=n, fill_value=0), axis=1).astype(jnp.int64)
+
+
+@kernel("nonzero")
+def nonzero(self):
+    v = _value(self)
+    n = int(_count_nonzero(v))
+    return _new((n, self.dim()), torch.int64, _nonzero_at(v, n))
+
+
+@kernel("nonzero.out")
+def nonzero_out(self, *, out):
+    r = nonzero(self)
+    out.resize_(r.shape)
+    out.copy_(r)
+    return out
+
+
+@lower("nonzero_static")
+def nonzero_static(self, *, size, fill_value=-1):
+    if self.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    cnt = jnp.count_nonzero(self)
+    nz = jnp.stack(jnp.nonzero(self, size=size, fill_value=0), axis=1).astype(jnp.int64)
+    keep = (jnp.arange(size) < cnt)[:, None]
+    return jnp.where(keep, nz, jnp.asarray(fill_value, jnp.int64))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _masked_select_at(v, m, n):
+    return v.reshape(-1)[jnp.nonzero(m.reshape(-1), size=n, fill_value=0)[0]]
+
+
+@kernel("masked_select")
+def masked_select(self, mask):
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask")
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    v = jnp.broadcast_to(_value(self), shape)
+    m = jnp.broadcast_to(_value(mask), shape)
+    n = int(_count_nonzero(m))
+    return _new((n,), self.dtype, _masked_select_at(v, m, n))
+
+
+@kernel("masked_select.out")
+def masked_select_out(self, mask, *, out):
+    r = masked_select(self, mask)
+    out.resize_(r.shape)
+    out.copy_(r)
+    return out
+
+
+def _empty_long():
+    return _new((0,), torch.int64, jnp.zeros((0,), jnp.int64))
+
+
+def _rows(v, axis):
+    """v with `axis` moved first and the rest flattened: (n, k)."""
+    n = v.shape[axis]
+    return jnp.moveaxis(v, axis, 0).reshape(n, -1)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _count_unique(v, axis):
+    if axis is None:
+        s = jnp.sort(v.reshape(-1))
+        return 1 + jnp.count_nonzero(s[1:] != s[:-1])
+    r = _rows(v, axis)
+    order = jnp.lexsort(r.T[::-1]) if r.shape[1] else jnp.arange(r.shape[0])
+    s = r[order]
+    return 1 + jnp.count_nonzero(jnp.any(s[1:] != s[:-1], axis=1))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _unique_at(v, axis, n):
+    vals, inv, cnt = jnp.unique(v.reshape(-1) if axis is None else v, axis=axis, size=n,
+                                return_inverse=True, return_counts=True)
+    return vals, inv.reshape(-1).astype(jnp.int64), cnt.astype(jnp.int64)
+
+
+def _unique(v, axis):
+    n_along = v.size if axis is None else v.shape[axis]
+    if n_along == 0:
+        shape = (0,) if axis is None else v.shape
+        return jnp.zeros(shape, v.dtype), jnp.zeros((0,), jnp.int64), jnp.zeros((0,), jnp.int64)
+    n = int(_count_unique(v, axis))
+    return _unique_at(v, axis, n)
+
+
+@kernel("_unique2")
+def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    vals, inv, cnt = _unique(_value(self), None)
+    out = _new(vals.shape, self.dtype, vals)
+    inv_t = _new(self.shape, torch.int64, inv) if return_inverse else _empty_long()
+    cnt_t = _new(cnt.shape, torch.int64, cnt) if return_counts else _empty_long()
+    return out, inv_t, cnt_t
+
+
+@kernel("_unique")
+def _unique_k(self, sorted=True, return_inverse=False):
+    out, inv, _ = _unique2(self, sorted, return_inverse, False)
+    return out, inv
+
+
+@kernel("unique_dim")
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    dim = _wrap(dim, self.dim())
+    vals, inv, cnt = _unique(_value(self), dim)
+    return (
+        _new(vals.shape, self.dtype, vals),
+        _new((self.shape[dim],), torch.int64, inv),
+        _new(cnt.shape, torch.int64, cnt),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _runs(v, axis):
+    r = _rows(v, axis)
+    return jnp.concatenate([jnp.ones((1,), bool), jnp.any(r[1:] != r[:-1], axis=1)])
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _consecutive_at(v, axis, n):
+    change = _runs(v, axis)
+    starts = jnp.nonzero(change, size=n, fill_value=0)[0]
+    inv = jnp.cumsum(change.astype(jnp.int64)) - 1
+    cnt = jnp.diff(jnp.append(starts, change.shape[0])).astype(jnp.int64)
+    return jnp.take(v, starts, axis=axis), inv, cnt
+
+
+def _consecutive(v, axis):
+    """(values, inverse, counts) of runs along `axis` of v."""
+    if v.shape[axis] == 0:
+        return v, jnp.zeros((0,), jnp.int64), jnp.zeros((0,), jnp.int64)
+    n = int(jnp.count_nonzero(_runs(v, axis)))
+    return _consecutive_at(v, axis, n)
+
+
+@kernel("unique_consecutive")
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    v = _value(self)
+    if dim is None:
+        vals, inv, cnt = _consecutive(v.reshape(-1), 0)
+        inv_shape = self.shape
+    else:
+        dim = _wrap(dim, self.dim())
+        vals, inv, cnt = _consecutive(v, dim)
+        inv_shape = (self.shape[dim],)
+    out = _new(vals.shape, self.dtype, vals)
+    inv_t = _new(inv_shape, torch.int64, inv) if return_inverse else _empty_long()
+    cnt_t = _new(cnt.shape, torch.int64, cnt) if return_counts else _empty_long()
+    return out, inv_t, cnt_t
+
+
+@kernel("unique_dim_consecutive")
+def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False):
+    dim = _wrap(dim, self.dim())
+    vals, inv, cnt = _consecutive(_value(self), dim)
+    return (
+        _new(vals.shape, self.dtype, vals),
+        _new((self.shape[dim],), torch.int64, inv),
+        _new(cnt.shape, torch.int64, cnt),
+    )
+
+
+@kernel("repeat_interleave.Tensor")
+def repeat_interleave_tensor(repeats, *, output_size=None):
+    r = _value(repeats).reshape(-1)
+    if output_size is None:
+        output_size = int(jnp.sum(r))
+    out = jnp.repeat(jnp.arange(r.shape[0], dtype=jnp.int64), r, total_repeat_length=output_size)
+    return _new((output_size,), repeats.dtype, out.astype(to_jax_dtype(repeats.dtype)))
+
+
+@lower("embedding_renorm_")
+def embedding_renorm_(self, indices, max_norm, norm_type):
+    """In place (the only overload): rows of `self` named in `indices` rescaled to norm <= max_norm."""
+    used = jnp.zeros((self.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True, mode="drop")
+    acc = jnp.float32 if self.dtype in (jnp.float16, jnp.bfloat16) else self.dtype
+    w = self.astype(acc)
+    if norm_type == float("inf"):
+        norm = jnp.max(jnp.abs(w), axis=1)
+    elif norm_type == 0:
+        norm = jnp.sum(w != 0, axis=1).astype(acc)
+    else:
+        norm = jnp.sum(jnp.abs(w) ** norm_type, axis=1) ** (1.0 / norm_type)
+    scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return (w * scale[:, None].astype(acc)).astype(self.dtype)

@@ -60,18 +60,23 @@ LOWERINGS: dict[str, Lowering] = {}
 
 
 def _kind(arg) -> str:
+    # Decide by the JIT type's class: str() of these types differs across torch versions
+    # ("Scalar" vs "number", "Tensor[]" vs "List[Tensor]").
     t = arg.type
-    s = str(t)
-    if s in ("Tensor", "Tensor?"):
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch._C.TensorType):
         return "tensor"
-    if s == "Tensor[]":
-        return "tensor_list"
-    if s == "Tensor?[]":
-        return "opt_tensor_list"
-    if s in ("Scalar", "Scalar?"):
+    if isinstance(t, torch._C.NumberType):
         return "scalar"
-    if s == "Scalar[]":
-        return "scalar_list"
+    if isinstance(t, torch._C.ListType):
+        el = t.getElementType()
+        if isinstance(el, torch._C.TensorType):
+            return "tensor_list"
+        if isinstance(el, torch._C.OptionalType) and isinstance(el.getElementType(), torch._C.TensorType):
+            return "opt_tensor_list"
+        if isinstance(el, torch._C.NumberType):
+            return "scalar_list"
     return "other"
 
 

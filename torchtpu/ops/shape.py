@@ -1,7 +1,220 @@
 """Shape ops that copy: cat, flip, roll, repeat, pad, triangular masks."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import torch
+from jax import lax
 
-from .registry import lower
+from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from .registry import kernel, lower, overload
+
+
+def _wrap(d, n):
+    if n == 0:
+        n = 1
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return d + n if d < 0 else d
+
+
+# --- cat -------------------------------------------------------------------
+
+
+@lower("cat")
+def cat(tensors, dim=0):
+    if not tensors:
+        raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
+    dt = functools.reduce(torch.promote_types, [to_torch_dtype(t.dtype) for t in tensors])
+    dt = to_jax_dtype(dt)
+    # legacy behaviour: 1-D empty tensors are skipped whatever the other shapes
+    keep = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not keep:
+        return jnp.zeros((0,), dt)
+    ref = keep[0]
+    if ref.ndim == 0:
+        raise RuntimeError("zero-dimensional tensor (at position 0) cannot be concatenated")
+    dim = _wrap(dim, ref.ndim)
+    for i, t in enumerate(keep):
+        if t.ndim != ref.ndim:
+            raise RuntimeError(
+                f"Tensors must have same number of dimensions: got {ref.ndim} and {t.ndim}"
+            )
+        for d in range(ref.ndim):
+            if d != dim and t.shape[d] != ref.shape[d]:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {dim}. Expected size "
+                    f"{ref.shape[d]} but got size {t.shape[d]} for tensor number {i} in the list."
+                )
+    return jnp.concatenate([t.astype(dt) for t in keep], axis=dim)
+
+
+# --- flip / roll / repeat / triangles --------------------------------------
+
+
+@lower("flip")
+def flip(self, dims):
+    if self.ndim == 0:
+        return self
+    dims = tuple(_wrap(d, self.ndim) for d in dims)
+    if len(set(dims)) != len(dims):
+        raise RuntimeError("dims has duplicates")
+    return jnp.flip(self, dims) if dims else self
+
+
+@lower("roll")
+def roll(self, shifts, dims=()):
+    shifts, dims = list(shifts), list(dims)
+    if not dims:
+        if len(shifts) != 1:
+            raise RuntimeError(f"`shifts` required to be of size 1 when dims is empty, got {len(shifts)}")
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    dims = [_wrap(d, self.ndim) for d in dims]
+    if self.ndim == 0:
+        return self
+    return jnp.roll(self, shifts, dims)
+
+
+@lower("repeat")
+def repeat(self, repeats):
+    repeats = tuple(repeats)
+    if len(repeats) < self.ndim:
+        raise RuntimeError(
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
+        )
+    x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    if any(r == 0 for r in repeats) or x.size == 0:
+        return jnp.zeros(tuple(s * r for s, r in zip(x.shape, repeats)), self.dtype)
+    return jnp.tile(x, repeats)
+
+
+@lower("tril")
+def tril(self, diagonal=0):
+    if self.ndim < 2:
+        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
+    return jnp.tril(self, diagonal)
+
+
+@lower("triu")
+def triu(self, diagonal=0):
+    if self.ndim < 2:
+        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
+    return jnp.triu(self, diagonal)
+
+
+# --- padding ---------------------------------------------------------------
+
+
+@lower("constant_pad_nd")
+def constant_pad_nd(self, pad, value=0):
+    pad = list(pad)
+    if len(pad) % 2 or len(pad) // 2 > self.ndim:
+        raise RuntimeError(
+            f"Length of pad must be even but instead it equals {len(pad)}"
+            if len(pad) % 2 else
+            "Length of pad should be no more than twice the number of dimensions of the input."
+        )
+    cfg = [(0, 0, 0)] * self.ndim
+    for i in range(len(pad) // 2):
+        d = self.ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    for d, (lo, hi, _) in enumerate(cfg):
+        if self.shape[d] + lo + hi < 0:
+            raise RuntimeError(
+                f"The input size {self.shape[d]}, plus negative padding {lo} and {hi} resulted in a "
+                f"negative output size, which is invalid. Check dimension {d} of your input."
+            )
+    if self.dtype == jnp.bool_:
+        v = jnp.asarray(value) != 0
+    else:
+        v = jnp.asarray(value).astype(self.dtype)
+    if self.size == 0:
+        shape = tuple(s + lo + hi for s, (lo, hi, _) in zip(self.shape, cfg))
+        return jnp.full(shape, v, self.dtype)
+    return lax.pad(self, v, cfg)
+
+
+def _pad_mode(self, padding, mode, nspatial):
+    padding = list(padding)
+    cfg = [(0, 0)] * self.ndim
+    for i in range(nspatial):
+        d = self.ndim - 1 - i
+        lo, hi = padding[2 * i], padding[2 * i + 1]
+        if mode == "reflect" and (lo >= self.shape[d] or hi >= self.shape[d]):
+            raise RuntimeError(
+                f"Argument #4: Padding size should be less than the corresponding input dimension, "
+                f"but got: padding ({lo}, {hi}) at dimension {d} of input {list(self.shape)}"
+            )
+        cfg[d] = (lo, hi)
+    x = jnp.pad(self, [(max(lo, 0), max(hi, 0)) for lo, hi in cfg], mode=mode)
+    # negative pads crop
+    out = []
+    for d, (lo, hi) in enumerate(cfg):
+        n = x.shape[d]
+        out.append(slice(max(-lo, 0), n - max(-hi, 0)))
+    return x[tuple(out)]
+
+
+def _pad_fn(mode, nspatial):
+    def fwd(self, padding):
+        if self.ndim not in (nspatial + 1, nspatial + 2):
+            raise RuntimeError(
+                f"Expected {nspatial + 1}D or {nspatial + 2}D (batch mode) tensor with possibly 0 batch size "
+                f"and other non-zero dimensions for input, but got: {list(self.shape)}"
+            )
+        return _pad_mode(self, padding, mode, nspatial)
+
+    def bwd(grad_output, self, padding):
+        _, vjp = jax.vjp(lambda x: _pad_mode(x, padding, mode, nspatial), self)
+        return vjp(grad_output.astype(self.dtype))[0]
+
+    return fwd, bwd
+
+
+for _n in (1, 2, 3):
+    _f, _b = _pad_fn("reflect", _n)
+    lower(f"reflection_pad{_n}d")(_f)
+    lower(f"reflection_pad{_n}d_backward")(_b)
+    _f, _b = _pad_fn("edge", _n)
+    lower(f"replication_pad{_n}d")(_f)
+    lower(f"replication_pad{_n}d_backward")(_b)
+
+
+# --- copies of views -------------------------------------------------------
+
+
+@lower("narrow_copy")
+def narrow_copy(self, dim, start, length):
+    dim = _wrap(dim, self.ndim)
+    if start < 0:
+        start += self.shape[dim]
+    return lax.slice_in_dim(self, start, start + length, axis=dim)
+
+
+@lower("expand_copy")
+def expand_copy(self, size, *, implicit=False):
+    size = list(size)
+    lead = len(size) - self.ndim
+    shape = [self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(size)]
+    return jnp.broadcast_to(self, tuple(shape))
+
+
+@lower("permute_copy")
+def permute_copy(self, dims):
+    return jnp.transpose(self, [_wrap(d, self.ndim) for d in dims]) if self.ndim else self
+
+
+@lower("t_copy")
+def t_copy(self):
+    return self.T if self.ndim == 2 else self
+
+
+@lower("transpose_copy.int")
+def transpose_copy(self, dim0, dim1):
+    if self.ndim == 0:
+        return self
+    return jnp.swapaxes(self, _wrap(dim0, self.ndim), _wrap(dim1, self.ndim))

@@ -66,17 +66,22 @@ def platform() -> str:
 
 
 def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as a numpy array (bit-exact; bfloat16 via ml_dtypes)."""
-    t = t.detach().resolve_conj().resolve_neg()
+    """A private copy of a CPU tensor's value as a numpy array (bfloat16 via ml_dtypes).
+
+    Always a copy: Tensor.numpy() would mark the caller's storage non-resizable, and
+    XLA:CPU may alias the array it is given instead of copying it.
+    """
+    t = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
     via = _BITCAST_VIA.get(t.dtype)
     if via is not None:
-        return t.contiguous().view(via[0]).numpy().view(via[1])
+        return t.view(via[0]).numpy().view(via[1])
     return t.numpy()
 
 
 def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     if not a.flags.writeable:
-        a = a.copy()
-    return torch.from_numpy(np.ascontiguousarray(a))
+        a = a.copy()  # device arrays read back on XLA:CPU are read-only views
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)

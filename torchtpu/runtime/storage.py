@@ -81,7 +81,9 @@ def resize(entry: Entry, numel: int) -> None:
     if entry.buf is not None:
         import jax.numpy as jnp
 
-        entry.buf = jnp.concatenate([entry.buf, jnp.zeros(numel - entry.numel, entry.dtype)])
+        from .transfer import buffer
+
+        entry.buf = jnp.concatenate([buffer(entry), jnp.zeros(numel - entry.numel, entry.dtype)])
     entry.numel = numel
     entry.nbytes += extra
     _account(extra)

@@ -25,10 +25,19 @@ def _zeros(numel, dtype):
 
 
 def buffer(entry: storage.Entry):
-    """The storage's buffer, allocating zeros if it was never written."""
-    if entry.buf is None:
-        entry.buf = _zeros(entry.numel, entry.dtype)
-    return entry.buf
+    """The storage's concrete buffer: materializes a deferred value, zeros if never written."""
+    b = entry.buf
+    if b is None:
+        entry.buf = b = _zeros(entry.numel, entry.dtype)
+    elif not isinstance(b, jax.Array):
+        from ..eager import deferred
+
+        if type(b) is deferred.Pending:
+            deferred.flush("host_read")
+            b = entry.buf
+        elif type(b) is deferred.Failed:
+            b.raise_()
+    return b
 
 
 def value(t: torch.Tensor) -> jax.Array:
@@ -57,11 +66,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 def to_device_array(t: torch.Tensor) -> jax.Array:
     """A CPU tensor's value on the device (same shape and dtype)."""
-    a = torch_to_numpy(t)
-    if device().platform == "cpu":
-        # XLA:CPU may alias an aligned numpy buffer instead of copying it; the CPU
-        # tensor can change later, so the device value must own its memory.
-        a = a.copy()
+    a = torch_to_numpy(t)  # a private copy: XLA:CPU may alias it rather than copy
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())

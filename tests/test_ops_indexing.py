@@ -1,0 +1,568 @@
+"""Indexing, gather/scatter, data-dependent ops, shape copies and factories on tpu vs CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_map
+
+import torchtpu
+
+T = "tpu"
+
+
+def to_t(a):
+    return a.to(T) if isinstance(a, torch.Tensor) else a
+
+
+def check(fn, *args, **kw):
+    cpu = fn(*args, **kw)
+    tpu = fn(*[tree_map(to_t, a) for a in args], **kw)
+    assert_same(tpu, cpu)
+    return tpu
+
+
+def assert_same(tpu, cpu):
+    if isinstance(cpu, (tuple, list)):
+        assert len(tpu) == len(cpu)
+        for a, b in zip(tpu, cpu):
+            assert_same(a, b)
+        return
+    assert tpu.device.type == T
+    torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)
+
+
+@pytest.fixture(autouse=True)
+def _nf(no_fallback):
+    yield
+
+
+def R(*shape, dtype=torch.float32):
+    if dtype == torch.bool:
+        return torch.rand(*shape) > 0.5
+    if dtype in (torch.int64, torch.int32):
+        return torch.randint(-5, 5, shape, dtype=dtype)
+    return torch.randn(*shape).to(dtype)
+
+
+# --- index / index_put -----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_index_basic(dtype):
+    x = R(4, 5, 3, dtype=dtype)
+    i = torch.tensor([0, 2, -1, 2])
+    j = torch.tensor([[1], [0]])
+    check(lambda x, i: x[i], x, i)
+    check(lambda x, i: x[:, i], x, i)
+    if dtype != torch.float32:
+        return
+    check(lambda x, i, j: x[i, :, j], x, i, j)  # separated advanced indices move to front
+    check(lambda x, i, j: x[j, i], x, i, j)
+    check(lambda x, i: x[..., i[:3]], x, i)
+    check(lambda x, i: x[None, i, 1:], x, i)
+    check(lambda x, i: x.t()[i] if x.dim() == 2 else x[:, ::2][i], x, i)  # non-contiguous self
+    check(lambda x: x[torch.tensor([], dtype=torch.long, device=x.device)], x)
+
+
+def test_index_bool_mask():
+    x = R(4, 5)
+    m = x > 0
+    check(lambda x, m: x[m], x, m)
+    check(lambda x, m: x[:, m[0]], x, m)
+    check(lambda x, m: x[m[:, 0], 1:], x, m)
+    check(lambda x, m: x[m, None], x, m)
+    check(lambda x: x[x > 10], x)  # empty result
+    check(lambda x: torch.tensor(3.0, device=x.device)[torch.tensor(True, device=x.device)], x)
+    with pytest.raises(IndexError):
+        x.to(T)[torch.ones(3, dtype=torch.bool, device=T)]
+
+
+def test_index_out():
+    x = R(4, 5)
+    i = torch.tensor([1, 3])
+    out = torch.empty(0, device=T)
+    torch.index_select(x.to(T), 0, i.to(T), out=out)
+    torch.testing.assert_close(out.cpu(), x[i])
+    out2 = torch.empty(0, device=T)
+    torch.ops.aten.index.Tensor_out(x.to(T), [i.to(T)], out=out2)
+    torch.testing.assert_close(out2.cpu(), x[i])
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(accumulate):
+    x = R(5, 4)
+    i = torch.tensor([0, 3, -1])
+    v = R(3, 4)
+
+    def f(x, i, v):
+        y = x.clone()
+        return y.index_put_((i,), v, accumulate=accumulate)
+
+    check(f, x, i, v)
+    check(lambda x, i: x.index_put((i,), torch.tensor(2.0, device=x.device), accumulate=accumulate), x, i)
+    check(lambda x, i: x.index_put((i, i), torch.tensor([1.0, 2.0, 3.0], device=x.device),
+                                   accumulate=accumulate), x, i)
+    check(lambda x, i: torch.ops.aten.index_put(x, [None, i[:2]], torch.ones(5, 1, device=x.device),
+                                                accumulate), x, i)
+    # duplicates with accumulate sum up
+    if accumulate:
+        d = torch.tensor([1, 1, 1])
+        check(lambda x, d: x.index_put((d,), torch.ones(3, 4, device=x.device), accumulate=True), x, d)
+
+
+def test_setitem():
+    x = R(5, 4)
+
+    def f(x):
+        y = x.clone()
+        i = torch.tensor([4, 0], device=x.device)
+        y[i] = 7.0
+        y[1:3, i - 1] = torch.arange(4.0, device=x.device).reshape(2, 2)
+        y[y < -0.5] = 0.0  # bool mask, scalar: no sync
+        y[:, y[0] > 0] = -1.0
+        m = y > 1
+        y[m] = torch.arange(int(m.sum()), dtype=y.dtype, device=x.device)  # bool mask, one value each
+        y[y[:, 0] > 0, 1:] = torch.tensor([9.0, 8.0, 7.0], device=x.device)
+        y[torch.tensor([True, False, True, False, False], device=x.device), torch.tensor(
+            [0, 1], device=x.device)] = 5.0  # mixed mask + long: goes through nonzero
+        return y
+
+    check(f, x)
+    # non-contiguous destination
+    def g(x):
+        y = x.clone().t()
+        y[torch.tensor([1, 2], device=x.device)] = 3.0
+        return y
+
+    check(g, x)
+
+
+def test_index_backward():
+    x = R(5, 4)
+    i = torch.tensor([0, 2, 2, -1])
+
+    def f(x, i):
+        x = x.clone().requires_grad_()
+        y = (x[i] * torch.arange(4.0, device=x.device)).sum() + x[x > 0].sum()
+        return torch.autograd.grad(y, x)[0]
+
+    check(f, x, i)
+
+
+# --- index_select / gather / scatter ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_index_select(dtype):
+    x = R(4, 6, dtype=dtype)
+    i = torch.tensor([5, 0, 0, 3])
+    check(lambda x, i: x.index_select(1, i), x, i)
+    check(lambda x, i: x.index_select(-2, i[1:3]), x, i)
+    check(lambda x, i: x.t().index_select(0, i), x, i)
+    check(lambda x: x.index_select(0, torch.tensor(2, device=x.device)), x)
+    check(lambda x: x[0, 0].index_select(0, torch.tensor([0], device=x.device)), x)
+    check(lambda x: x.index_select(0, torch.zeros(0, dtype=torch.long, device=x.device)), x)
+
+
+def test_embedding():
+    w = R(10, 3)
+    i = torch.tensor([[1, 9], [0, 1]])
+    check(lambda w, i: F.embedding(i, w), w, i)
+    check(lambda w, i: F.embedding(i, w, padding_idx=0), w, i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_gather(dtype):
+    x = R(4, 5, dtype=dtype)
+    idx = torch.tensor([[0, 3], [1, 1], [3, 2]])
+    check(lambda x, i: x.gather(1, i), x, idx)
+    check(lambda x, i: x.gather(0, i), x, idx)
+    check(lambda x, i: x.t().gather(-1, i), x, idx)
+    check(lambda x: x[0, 0].gather(0, torch.tensor(0, device=x.device)), x)
+    check(lambda x: x.gather(1, torch.zeros(4, 0, dtype=torch.long, device=x.device)), x)
+
+
+def test_gather_backward():
+    x = R(4, 5)
+    idx = torch.tensor([[0, 4, 4], [1, 1, 0]])
+
+    def f(x, i):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad((x.gather(1, i) ** 2).sum(), x)[0]
+
+    check(f, x, idx)
+
+
+def test_scatter():
+    x = R(4, 5)
+    idx = torch.tensor([[0, 3], [1, 3], [3, 2]])
+    src = R(3, 3)
+    check(lambda x, i, s: x.scatter(1, i, s), x, idx, src)
+    check(lambda x, i: x.scatter(0, i, 2.5), x, idx)
+    check(lambda x, i, s: x.scatter(1, i, s, reduce="add"), x, idx, src)
+    check(lambda x, i, s: x.scatter(1, i, s, reduce="multiply"), x, idx, src)
+    check(lambda x, i: x.scatter(1, i, 2.0, reduce="multiply"), x, idx)
+    check(lambda x, i, s: x.scatter_add(0, i, s), x, idx, src)
+    check(lambda x, i, s: x.clone().scatter_add_(1, torch.zeros_like(i), s), x, idx, src)
+    check(lambda x, i, s: x.t().scatter(0, i.t(), s.t()), x, idx, src)
+    xi = R(4, 5, dtype=torch.int64)
+    check(lambda x, i: x.scatter(1, i, 3), xi, idx)
+    out = torch.empty(4, 5, device=T)
+    torch.scatter_add(x.to(T), 1, idx.to(T), src.to(T), out=out)
+    torch.testing.assert_close(out.cpu(), torch.scatter_add(x, 1, idx, src))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    x = R(4, 5)
+    idx = torch.tensor([[0, 0, 3], [1, 3, 3], [0, 0, 0]])
+    src = R(3, 3)
+    check(lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), x, idx, src)
+    xi = torch.randint(-9, 9, (4, 5))
+    si = torch.randint(-9, 9, (3, 3))
+    check(lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self=include_self), xi, idx, si)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_add_copy_fill(dtype):
+    x = R(5, 4, dtype=dtype)
+    i = torch.tensor([4, 0, 2])
+    s = R(3, 4, dtype=dtype)
+    check(lambda x, i, s: x.index_add(0, i, s), x, i, s)
+    check(lambda x, i, s: x.index_add(0, i, s, alpha=2), x, i, s)
+    check(lambda x, i, s: x.index_add(1, i[:2], s[:, :2].t().contiguous().t()), x.t().contiguous(), i, s[:2].t())
+    check(lambda x, i: x.index_add(0, torch.tensor([1, 1], device=x.device), x[:2]), x, i)
+    check(lambda x, i, s: x.index_copy(0, i, s), x, i, s)
+    check(lambda x, i, s: x.clone().index_copy_(1, i[1:], s[:2].t().contiguous().repeat(2, 1)[:5]), x, i, s)
+    check(lambda x, i: x.index_fill(1, i[1:], 3), x, i)
+    check(lambda x, i: x.clone().index_fill_(0, i, -1), x, i)
+    check(lambda x, i: x.index_fill(0, torch.tensor([-1], device=x.device), 5), x, i)
+    check(lambda x, i: x.index_fill(0, i, torch.tensor(2, dtype=x.dtype, device=x.device)), x, i)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(reduce):
+    x = R(5, 4)
+    i = torch.tensor([4, 0, 4])
+    s = R(3, 4)
+    check(lambda x, i, s: x.index_reduce(0, i, s, reduce), x, i, s)
+    check(lambda x, i, s: x.index_reduce(0, i, s, reduce, include_self=False), x, i, s)
+
+
+def test_masked_scatter_take_put():
+    x = R(3, 4)
+    m = x > 0
+    src = torch.arange(12.0)
+    check(lambda x, m, s: x.masked_scatter(m, s), x, m, src)
+    check(lambda x, m, s: x.clone().masked_scatter_(m[0], s), x, m, src)  # broadcast mask
+    i = torch.tensor([[0, 11], [-1, 5]])
+    check(lambda x, i: x.take(i), x, i)
+    check(lambda x, i: x.t().take(i), x, i)
+    check(lambda x, i: x.put(i, torch.tensor([1.0, 2, 3, 4], device=x.device)), x, i)
+    check(lambda x: x.clone().put_(torch.tensor([1, 1], device=x.device), torch.tensor([1.0, 2], device=x.device),
+                                   accumulate=True), x)
+
+
+def test_masked_scatter_backward():
+    x = R(3, 4)
+    m = x > 0
+    src = R(12)
+
+    def f(x, m, s):
+        s = s.clone().requires_grad_()
+        x = x.clone().requires_grad_()
+        y = x.masked_scatter(m, s)
+        return torch.autograd.grad((y * y).sum(), (x, s))
+
+    check(f, x, m, src)
+
+
+# --- data-dependent --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_nonzero_masked_select(dtype):
+    x = R(4, 5, dtype=dtype)
+    check(lambda x: x.nonzero(), x)
+    m = R(4, 5) > 0
+    check(lambda x, m: x.masked_select(m), x, m)
+    if dtype != torch.float32:
+        return
+    check(lambda x: x.t().nonzero(), x)
+    check(lambda x: torch.argwhere(x), x)
+    check(lambda x: torch.nonzero(x, as_tuple=True), x)
+    check(lambda x: torch.where(x[0] != 0), x)
+    check(lambda x: x[0, 0].nonzero(), x)
+    check(lambda x: torch.zeros(3, 0, dtype=x.dtype, device=x.device).nonzero(), x)
+    check(lambda x, m: x.masked_select(m[0]), x, m)  # broadcast
+    check(lambda x, m: x[:, :1].masked_select(m), x, m)
+
+
+def test_nonzero_static():
+    x = torch.tensor([0, 1, 0, 3])
+    check(lambda x: torch.nonzero_static(x, size=3), x)
+    check(lambda x: torch.nonzero_static(x, size=1), x)
+
+
+def test_unique():
+    x = torch.tensor([[3, 1, 3], [2, 1, 3]])
+    check(lambda x: torch.unique(x), x)
+    check(lambda x: torch.unique(x, return_inverse=True, return_counts=True), x)
+    check(lambda x: torch.unique(x, dim=1, return_inverse=True, return_counts=True), x)
+    y = torch.tensor([1, 1, 2, 2, 3, 1, 1, 2])
+    check(lambda y: torch.unique_consecutive(y, return_inverse=True, return_counts=True), y)
+    check(lambda x: torch.unique_consecutive(torch.cat([x, x[1:]]), dim=0, return_counts=True), x)
+    check(lambda x: torch.unique(x[:, :0]), x)
+
+
+def test_repeat_interleave():
+    x = R(4, 3)
+    r = torch.tensor([1, 0, 2, 3])
+    check(lambda x, r: x.repeat_interleave(r, dim=0), x, r)
+    check(lambda x: x.repeat_interleave(2), x)
+    check(lambda x: x.repeat_interleave(2, dim=1), x)
+    check(lambda r: torch.repeat_interleave(r), r)
+    check(lambda x, r: x.repeat_interleave(r, dim=0, output_size=6), x, r)
+
+
+# --- shape copies ------------------------------------------------------------
+
+
+def test_cat_stack():
+    a, b = R(2, 3), R(4, 3)
+    check(lambda a, b: torch.cat([a, b]), a, b)
+    check(lambda a, b: torch.cat([a.t(), b.t()], dim=-1), a, b)
+    check(lambda a, b: torch.cat([a, a.new_empty(0), b]), a, b)  # legacy empty skipped
+    check(lambda a: torch.cat([torch.empty(0), torch.empty(0)]).to(a.device) * 0, a)
+    check(lambda a, b: torch.cat([a, b.long()]), a, b)  # promotion
+    check(lambda a, b: torch.cat([a > 0, b.long()]), a, b)
+    check(lambda a, b: torch.cat([a.half(), b.double()]), a, b)
+    check(lambda a: torch.cat([a, a[:0]]), a)
+    check(lambda a: torch.stack([a, a, a], dim=1), a)
+    check(lambda a, b: torch.hstack([a, a]), a, b)
+    check(lambda a, b: torch.cat([a, b], out=torch.empty(0, device=a.device)), a, b)
+    with pytest.raises(RuntimeError):
+        torch.cat([a.to(T), R(2, 2).to(T)])
+
+
+def test_cat_backward():
+    a, b = R(2, 3), R(4, 3)
+
+    def f(a, b):
+        a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+        y = torch.cat([a, b]) * torch.arange(6.0, device=a.device)[:, None]
+        return torch.autograd.grad(y.sum(), (a, b))
+
+    check(f, a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_flip_roll_tri(dtype):
+    x = R(3, 4, 5, dtype=dtype)
+    check(lambda x: x.flip(0, 2), x)
+    check(lambda x: x.roll(-1, 1), x)
+    check(lambda x: x.triu(1), x)
+    if dtype != torch.float32:
+        return
+    check(lambda x: x.flip(-1), x)
+    check(lambda x: x[:, ::2].flip(1), x)
+    check(lambda x: torch.rot90(x[0]), x)
+    check(lambda x: x.roll(2), x)
+    check(lambda x: x.roll((1, 7), (0, 2)), x)
+    check(lambda x: x.transpose(0, 2).roll(1, 0), x)
+    check(lambda x: x.tril(), x)
+    check(lambda x: x.tril(-2), x)
+    check(lambda x: x.transpose(1, 2).triu(), x)
+    check(lambda x: x.clone().tril_(1), x)
+    check(lambda x: torch.tril(x, out=torch.empty(0, dtype=x.dtype, device=x.device)), x)
+
+
+def test_repeat_tile():
+    x = R(2, 3)
+    check(lambda x: x.repeat(2, 1), x)
+    check(lambda x: x.repeat(3, 1, 2), x)
+    check(lambda x: x.t().repeat(1, 2), x)
+    check(lambda x: x.repeat(0, 2), x)
+    check(lambda x: x.tile(2), x)
+    check(lambda x: x[0, 0].repeat(3), x)
+
+    def f(x):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad((x.repeat(2, 3) ** 2).sum(), x)[0]
+
+    check(f, x)
+
+
+def test_pad():
+    x = R(2, 3, 5)
+    check(lambda x: F.pad(x, (1, 2)), x)
+    check(lambda x: F.pad(x, (1, 2, 0, 1), value=2.5), x)
+    check(lambda x: F.pad(x, (-1, 2, 1, -1)), x)
+    check(lambda x: F.pad(x.long(), (1, 1), value=3), x)
+    check(lambda x: F.pad(x > 0, (1, 1)), x)
+    check(lambda x: F.pad(x, (1, 2), mode="reflect"), x)
+    check(lambda x: F.pad(x[None], (1, 2, 2, 1), mode="reflect"), x)
+    check(lambda x: F.pad(x, (1, 2), mode="replicate"), x)
+    check(lambda x: F.pad(x[None], (1, 2, 0, 3), mode="replicate"), x)
+    check(lambda x: F.pad(x[None, None], (1, 2, 0, 3, 1, 1), mode="replicate"), x)
+    check(lambda x: F.pad(x[None, None], (1, 2, 0, 1, 1, 1), mode="reflect"), x)
+    check(lambda x: F.pad(x[None], (1, 2, 0, 1), mode="circular"), x)
+    check(lambda x: F.pad(x.transpose(1, 2), (1, 1), mode="reflect"), x)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad_backward(mode):
+    x = R(2, 3, 5)
+
+    def f(x):
+        x = x.clone().requires_grad_()
+        g = torch.arange(1.0, 2 * 3 * 8 + 1, device=x.device).reshape(2, 3, 8)
+        y = F.pad(x, (1, 2), mode=mode)
+        y2 = F.pad(x[None], (2, 1, 1, 1), mode=mode)
+        return torch.autograd.grad((y * g).sum() + (y2 ** 2).sum(), x)[0]
+
+    check(f, x)
+
+
+def test_view_copies_and_inplace_views():
+    x = R(3, 4)
+    check(lambda x: x.narrow_copy(1, 1, 2), x)
+    check(lambda x: torch.ops.aten.expand_copy(x[:1], [3, -1]), x)
+    check(lambda x: torch.ops.aten.permute_copy(x, [1, 0]), x)
+    check(lambda x: torch.ops.aten.t_copy(x), x)
+    check(lambda x: torch.ops.aten.transpose_copy(x, 0, 1), x)
+    check(lambda x: x.clone().t_() * 1, x)
+    check(lambda x: x.clone().transpose_(0, 1)[1:], x)
+    check(lambda x: x.clone().unsqueeze_(1).squeeze_(1), x)
+    check(lambda x: torch.diag(x), x)
+    check(lambda x: torch.diag(x[0]), x)
+    check(lambda x: x.split(2, dim=1)[1] * 1, x)
+
+
+# --- factories ---------------------------------------------------------------
+
+
+def test_arange():
+    def f(*a, **k):
+        c = torch.arange(*a, **k)
+        t = torch.arange(*a, device=T, **k)
+        assert t.dtype == c.dtype
+        torch.testing.assert_close(t.cpu(), c)
+
+    f(5)
+    f(2, 9)
+    f(1, 10, 3)
+    f(10, 1, -3)
+    f(0, 1, 0.1)
+    f(0.5, 4)
+    f(5, dtype=torch.float32)
+    f(0, 5, 0.5, dtype=torch.float64)
+    f(1, 7, 2, dtype=torch.int32)
+    f(0, 2, 0.25, dtype=torch.bfloat16)
+    f(0)
+    out = torch.empty(3, dtype=torch.int64, device=T)
+    torch.arange(2, 12, 2, out=out)
+    torch.testing.assert_close(out.cpu(), torch.arange(2, 12, 2))
+    with pytest.raises(RuntimeError):
+        torch.arange(0, 5, -1, device=T)
+
+
+def test_linspace_logspace():
+    def f(fn, *a, **k):
+        c = fn(*a, **k)
+        t = fn(*a, device=T, **k)
+        assert t.dtype == c.dtype
+        torch.testing.assert_close(t.cpu(), c)
+
+    f(torch.linspace, 0, 1, 5)
+    f(torch.linspace, -3.5, 7, 11)
+    f(torch.linspace, 0, 10, 4, dtype=torch.int64)
+    f(torch.linspace, 2, 2, 1)
+    f(torch.linspace, 0, 1, 0)
+    f(torch.linspace, 0, 1, 7, dtype=torch.float64)
+    f(torch.logspace, 0, 2, 5)
+    f(torch.logspace, -1, 1, 4, base=2.0)
+    f(torch.logspace, 0, 3, 4, dtype=torch.int64)
+    out = torch.empty(0, device=T)
+    torch.linspace(0, 1, 6, out=out)
+    torch.testing.assert_close(out.cpu(), torch.linspace(0, 1, 6))
+    out = torch.empty(0, device=T, dtype=torch.float64)
+    torch.logspace(0, 1, 3, out=out)
+    torch.testing.assert_close(out.cpu(), torch.logspace(0, 1, 3, dtype=torch.float64))
+
+
+def test_full_eye_like():
+    def f(fn, *a, **k):
+        c = fn(*a, **k)
+        t = fn(*a, device=T, **k)
+        assert t.dtype == c.dtype, (t.dtype, c.dtype)
+        torch.testing.assert_close(t.cpu(), c)
+
+    f(torch.full, (2, 3), 1.5)
+    f(torch.full, (2, 3), 7)
+    f(torch.full, (2,), True)
+    f(torch.full, (2, 0), 1.0)
+    f(torch.full, (), 2, dtype=torch.float16)
+    f(torch.zeros, 2, 3)
+    f(torch.ones, 4, dtype=torch.int64)
+    f(torch.ones, (2, 2), dtype=torch.bool)
+    f(torch.scalar_tensor, 3)
+    f(torch.scalar_tensor, 2.5, dtype=torch.float64)
+    f(torch.eye, 3)
+    f(torch.eye, 2, 4)
+    f(torch.eye, 3, dtype=torch.bool)
+    f(torch.eye, 0)
+    f(torch.tril_indices, 4, 3)
+    f(torch.triu_indices, 3, 5, 1)
+    out = torch.empty(0, device=T, dtype=torch.int64)
+    torch.eye(3, 2, out=out)
+    torch.testing.assert_close(out.cpu(), torch.eye(3, 2, dtype=torch.int64))
+    x = R(2, 3)
+    check(lambda x: torch.ones_like(x), x)
+    check(lambda x: torch.zeros_like(x, dtype=torch.int64), x)
+    check(lambda x: torch.full_like(x, 4), x)
+    check(lambda x: torch.empty_like(x).shape == x.shape and x, x)
+    check(lambda x: x.new_zeros(3), x)
+    check(lambda x: x.new_ones((2, 2)), x)
+    check(lambda x: x.new_full((2,), 3), x)
+    check(lambda x: x.to(torch.int32), x)
+    check(lambda x: x.t().to(torch.float64), x)
+    check(lambda x: x.to(torch.bfloat16), x)
+    t = torch.tensor([[1, 2], [3, 4]], device=T)
+    assert t.dtype == torch.int64
+    torch.testing.assert_close(t.cpu(), torch.tensor([[1, 2], [3, 4]]))
+    torch.testing.assert_close(torch.tensor(2.5, device=T).cpu(), torch.tensor(2.5))
+
+
+def test_no_cpu_fallbacks_for_family():
+    torchtpu.reset_metrics()
+    x = R(4, 5).to(T)
+    i = torch.tensor([0, 3], device=T)
+    x[i].sum()
+    x.gather(1, i[None]).sum()
+    torch.cat([x, x]).flip(0)
+    torch.arange(5, device=T)
+    assert torchtpu.metrics()["cpu_fallbacks"] == 0
+
+
+def test_misc_index_paths():
+    x = R(3, 4)
+    # CPU index tensors are accepted for tpu tensors (as on CUDA)
+    i = torch.tensor([2, 0])
+    torch.testing.assert_close(x.to(T)[i].cpu(), x[i])
+    torch.testing.assert_close(x.to(T)[i.int().to(T)].cpu(), x[i.int()])
+    # bool destinations: add/multiply become or/and
+    b = R(3, 4, dtype=torch.bool)
+    idx = torch.tensor([[0, 1], [2, 2]])
+    check(lambda b, i: b.scatter_add(1, i, torch.ones(2, 2, dtype=torch.bool, device=b.device)), b, idx)
+    check(lambda b: b.index_put((torch.tensor([0, 0], device=b.device),), torch.tensor(True, device=b.device),
+                                accumulate=True), b)
+    # embedding with max_norm renormalises the weight in place
+    w = R(6, 3) * 3
+
+    def emb(w):
+        w = w.clone()
+        out = F.embedding(torch.tensor([[0, 2], [2, 5]], device=w.device), w, max_norm=1.0)
+        return out, w
+
+    check(emb, w)

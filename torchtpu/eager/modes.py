@@ -1,0 +1,58 @@
+"""The eager mode: strict, debug or defer_and_fuse, process-wide.
+
+Process-wide, never thread-local: backward kernels run on the autograd engine's
+device thread and must see the mode (and the pending graph) the user set.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+MODES = ("strict", "debug", "defer_and_fuse")
+
+_lock = threading.Lock()
+
+
+def _from_env() -> str:
+    mode = os.environ.get("TORCHTPU_EAGER_MODE", "strict").strip() or "strict"
+    if mode not in MODES:
+        raise ValueError(f"TORCHTPU_EAGER_MODE={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+_state = {"mode": _from_env(), "debug_nans": os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("0", "")}
+
+
+def get() -> str:
+    return _state["mode"]
+
+
+def set(mode: str) -> None:  # noqa: A001 - mirrors the public set_eager_mode
+    if mode not in MODES:
+        raise ValueError(f"set_eager_mode: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    with _lock:
+        old = _state["mode"]
+        if old == "defer_and_fuse" and mode != old:
+            from . import deferred
+
+            deferred.flush("mode_change")
+        _state["mode"] = mode
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    old = get()
+    set(name)
+    try:
+        yield
+    finally:
+        set(old)
+
+
+def debug_nans() -> bool:
+    return _state["debug_nans"]
+
+
+def set_debug_nans(enabled: bool) -> None:
+    _state["debug_nans"] = bool(enabled)
