@@ -140,11 +140,16 @@ def record(compiled, key, entries, dyn, low, make_output):
             result = None
         else:
             result = []
-            for k, (shape, dt) in enumerate(compiled.outs):
+            k = 0
+            for meta in compiled.outs:
+                if meta is None:  # an output not asked for
+                    result.append(None)
+                    continue
                 p = Pending(j, k, g)
-                t, e = make_output(shape, dt, p)
+                t, e = make_output(meta[0], meta[1], p)
                 written.append((weakref.ref(e), p))
                 result.append(t)
+                k += 1
         if len(g.nodes) >= MAX_OPS:
             flush("size_cap")
         return result

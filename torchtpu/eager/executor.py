@@ -81,6 +81,9 @@ class _Flat:
         else:
             entry = storage.lookup(t)
             shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+            if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
+                # lazy conjugate/negative views: the bit lives on the tensor, not the storage
+                return self._lazy_bits(t, entry, shape, stride, offset, low)
         k = id(entry)
         si = self.entry_index.get(k)
         if si is None:
@@ -88,6 +91,18 @@ class _Flat:
             self.entry_index[k] = si
             self.entries.append(entry)
         self.leaves.append((si, shape, stride, offset, to_jax_dtype(t.dtype)))
+        self.tensors.append(t)
+        return ("T", len(self.leaves) - 1)
+
+    def _lazy_bits(self, t, entry, shape, stride, offset, low):
+        k = id(entry)
+        si = self.entry_index.get(k)
+        if si is None:
+            si = len(self.entries)
+            self.entry_index[k] = si
+            self.entries.append(entry)
+        flags = ("conj" if t.is_conj() else "") + ("neg" if t.is_neg() else "")
+        self.leaves.append((si, shape, stride, offset, to_jax_dtype(t.dtype), flags))
         self.tensors.append(t)
         return ("T", len(self.leaves) - 1)
 
@@ -171,7 +186,7 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
         for i, (numel, bdt) in enumerate(store_specs):
             if bufs[i] is None:
                 bufs[i] = jnp.zeros((numel,), bdt)
-        vals = [geometry.read(bufs[s], shape, stride, off, dt) for (s, shape, stride, off, dt) in leaves]
+        vals = [_read_leaf(bufs, leaf) for leaf in leaves]
         it = iter(scalars)
         args = [_decode(s, vals, it) for s in pos]
         kwargs = {name: _decode(s, vals, it) for name, s in kw}
@@ -201,11 +216,22 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
         else:
             compiled.structure = "one"
             outs = [result]
-        outs = [jnp.asarray(o) for o in outs]
-        compiled.outs = [(tuple(o.shape), to_torch_dtype(o.dtype)) for o in outs]
-        return tuple(o.reshape(-1) for o in outs), {}
+        # None inside a tuple is an output not asked for (output_mask): an undefined tensor
+        outs = [None if o is None else jnp.asarray(o) for o in outs]
+        compiled.outs = [None if o is None else (tuple(o.shape), to_torch_dtype(o.dtype)) for o in outs]
+        return tuple(o.reshape(-1) for o in outs if o is not None), {}
 
     return program
+
+
+def _read_leaf(bufs, leaf):
+    x = geometry.read(bufs[leaf[0]], leaf[1], leaf[2], leaf[3], leaf[4])
+    if len(leaf) > 5:
+        if "conj" in leaf[5]:
+            x = jnp.conj(x)
+        if "neg" in leaf[5]:
+            x = -x
+    return x
 
 
 def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
@@ -219,7 +245,7 @@ def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
         targets, results = list(spec[1]), list(result)
     touched = {}
     for tspec, r in zip(targets, results):
-        s, shape, stride, off, dt = leaves[tspec[1]]
+        s, shape, stride, off, dt = leaves[tspec[1]][:5]
         r = jnp.asarray(r)
         if r.shape != tuple(shape):
             try:
@@ -326,7 +352,8 @@ def execute(low: Lowering, args, kwargs):
         return _finish(low, compiled, args, kwargs, None)
     if compiled.structure == "none":
         return None
-    results = [tensors.empty(shape, dt, buf) for (shape, dt), buf in zip(compiled.outs, outs)]
+    it = iter(outs)
+    results = [None if o is None else tensors.empty(o[0], o[1], next(it)) for o in compiled.outs]
     return _finish(low, compiled, args, kwargs, results)
 
 

@@ -103,6 +103,7 @@ def lower(
     promote=None,
     promote_args: Iterable[str] | None = None,
     static: Iterable[str] = (),
+    dynamic: Iterable[str] = (),
     random: bool = False,
     variants: bool = True,
 ):
@@ -112,6 +113,8 @@ def lower(
         computation dtype and the result is cast to PyTorch's result dtype.
     static: Scalar arguments that shape the program (sizes, steps); every other
         Scalar is a runtime input, so changing its value never recompiles.
+    dynamic: float arguments (eps, momentum, p) to pass as runtime inputs like Scalars,
+        so a changing value never recompiles.
     random: fn takes a `key` keyword (a JAX PRNG key) derived from torch's seed.
     variants: also serve the in-place and out= overloads of the same schema.
     """
@@ -120,6 +123,9 @@ def lower(
         for name in names:
             op = overload(name)
             args = schema_args(op)
+            for a in args:
+                if a.name in dynamic:
+                    a.kind = "scalar"
             if promote_args is None:
                 pa = tuple(
                     a.name

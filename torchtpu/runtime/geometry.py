@@ -59,18 +59,27 @@ def _index(shape, strides, offset) -> np.ndarray:
 
 
 def _bitcast(x, dtype):
+    """Reinterpret a flat buffer's bytes as `dtype` (element count scales with itemsize)."""
+    dtype = jnp.dtype(dtype)
     if x.dtype == dtype:
         return x
-    if x.dtype.itemsize != dtype.itemsize:
-        raise NotImplementedError(
-            f"torchtpu: reinterpreting {x.dtype} storage as {dtype} (different element size) "
-            "is not supported"
-        )
+    if x.dtype.kind == "c":  # complex storage seen as its float parts (.real/.imag views)
+        parts = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).reshape(-1)
+        return _bitcast(parts, dtype)
+    if dtype.kind == "c":
+        part = jnp.dtype(jnp.float32 if dtype == jnp.complex64 else jnp.float64)
+        f = _bitcast(x, part).reshape(-1, 2)
+        return lax.complex(f[:, 0], f[:, 1])
     if x.dtype == jnp.bool_:
-        return lax.bitcast_convert_type(x.astype(jnp.uint8), dtype)
+        return _bitcast(x.astype(jnp.uint8), dtype)
     if dtype == jnp.bool_:
-        return lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.bool_)
-    return lax.bitcast_convert_type(x, dtype)
+        return _bitcast(x, jnp.uint8).astype(jnp.bool_)
+    if x.dtype.itemsize == dtype.itemsize:
+        return lax.bitcast_convert_type(x, dtype)
+    if x.dtype.itemsize > dtype.itemsize:
+        return lax.bitcast_convert_type(x, dtype).reshape(-1)
+    k = dtype.itemsize // x.dtype.itemsize
+    return lax.bitcast_convert_type(x.reshape(-1, k), dtype)
 
 
 def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
@@ -103,7 +112,8 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
     if numel == 0:
         return buf
     value = jnp.broadcast_to(value, shape)
-    value = _bitcast(value, buf.dtype)
+    if value.dtype != buf.dtype:  # a view with another dtype: write in its bytes
+        return _bitcast(write(_bitcast(buf, value.dtype), value, shape, strides, offset), buf.dtype)
     if is_contiguous(shape, strides):
         flat = value.reshape(-1)
         if offset == 0 and numel == buf.shape[0]:

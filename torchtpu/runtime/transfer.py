@@ -46,6 +46,10 @@ def value(t: torch.Tensor) -> jax.Array:
     shape = tuple(t.shape)
     dt = to_jax_dtype(t.dtype)
     buf = buffer(entry)
+    if dt.kind == "c" and (t.is_conj() or t.is_neg()):
+        x = _read(buf, shape, tuple(t.stride()), t.storage_offset(), dt)
+        x = jnp.conj(x) if t.is_conj() else x
+        return -x if t.is_neg() else x
     if (
         t.storage_offset() == 0
         and math.prod(shape) == entry.numel
