@@ -137,3 +137,37 @@ def test_inplace_geometry_ops(name, no_fallback):
     assert tx.shape == cx.shape and tx.stride() == cx.stride()
     torch.testing.assert_close(tx.cpu(), cx)
     torch.testing.assert_close(tb.cpu(), cb)
+
+
+def _random_views(n=60, seed=0):
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    while len(out) < n:
+        nd = rnd.randint(1, 3)
+        sizes = [rnd.randint(1, 4) for _ in range(nd)]
+        strides = [rnd.choice([0, 1, 2, 3, 4, 6, 8, 12, 24]) for _ in range(nd)]
+        offset = rnd.randint(0, 5)
+        extent = offset + sum((s - 1) * st for s, st in zip(sizes, strides)) + 1
+        if extent <= 60:
+            out.append((tuple(sizes), tuple(strides), offset))
+    return out
+
+
+@pytest.mark.parametrize("geom", _random_views())
+def test_random_strided_read_write(geom, no_fallback):
+    sizes, strides, offset = geom
+    base_c = torch.arange(60.0)
+    base_t = base_c.to("tpu")
+    torch.testing.assert_close(base_t.as_strided(sizes, strides, offset).cpu(),
+                               base_c.as_strided(sizes, strides, offset))
+    touched = base_c.as_strided(sizes, strides, offset).reshape(-1).tolist()
+    overlapping = len(set(touched)) != len(touched)  # writes there have no defined order
+    if not overlapping:
+        val = torch.randn(sizes)
+        vc = base_c.as_strided(sizes, strides, offset)
+        vt = base_t.as_strided(sizes, strides, offset)
+        vc.copy_(val)
+        vt.copy_(val.to("tpu"))
+        torch.testing.assert_close(base_t.cpu(), base_c)

@@ -33,22 +33,6 @@ def is_contiguous(shape, strides) -> bool:
     return True
 
 
-def _plan(shape, strides):
-    """Split a geometry into broadcast dims and a permutation of a packed block.
-
-    Returns (kept, perm) where `kept` are dims with nonzero stride and size > 1,
-    ordered by decreasing stride, if they form a packed (contiguous) block; else None.
-    """
-    kept = [d for d, (s, st) in enumerate(zip(shape, strides)) if s != 1 and st != 0]
-    kept.sort(key=lambda d: -strides[d])
-    expected = 1
-    for d in reversed(kept):
-        if strides[d] != expected:
-            return None
-        expected *= shape[d]
-    return kept
-
-
 def _index(shape, strides, offset) -> np.ndarray:
     idx = np.full(tuple(shape), offset, dtype=np.int64)
     for d, (size, stride) in enumerate(zip(shape, strides)):
@@ -92,17 +76,60 @@ def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
         if offset == 0 and numel == buf.shape[0]:
             return buf.reshape(shape)
         return lax.slice(buf, (offset,), (offset + numel,)).reshape(shape)
-    kept = _plan(shape, strides)
-    if kept is None:
+    box = _box(shape, strides)
+    if box is None:
         return buf[_index(shape, strides, offset)]
-    block_shape = tuple(shape[d] for d in kept)
-    block_numel = int(np.prod(block_shape)) if block_shape else 1
-    block = lax.slice(buf, (offset,), (offset + block_numel,)).reshape(block_shape)
+    kept, box_shape, span = box
+    region = _region(buf, offset, span).reshape(box_shape)
+    sizes = tuple(shape[d] for d in kept)
+    region = region[_box_index(sizes, box_shape)].reshape(sizes)
     # Put the kept dims back in their original order, then broadcast the rest.
     order = sorted(range(len(kept)), key=lambda i: kept[i])
-    block = jnp.transpose(block, order) if order != list(range(len(kept))) else block
-    kept_sorted = sorted(kept)
-    return lax.broadcast_in_dim(block, shape, tuple(kept_sorted))
+    region = jnp.transpose(region, order) if order != list(range(len(kept))) else region
+    return lax.broadcast_in_dim(region, shape, tuple(sorted(kept)))
+
+
+def _box(shape, strides):
+    """Describe a strided view as a slice of a dense box cut from the flat buffer.
+
+    Dims with size > 1 and nonzero stride, by decreasing stride s_0 > s_1 > ...,
+    with each s_{i-1} a multiple of s_i holding at least n_i steps, are the box
+    (n_0, s_0/s_1, ..., s_{m-2}/s_{m-1}, s_{m-1}) over buf[offset : offset + n_0*s_0];
+    the view is box[:, :n_1, ..., :n_{m-1}, 0]. Slices, strided slices, splits and
+    transposes all fit; anything else returns None (a gather).
+    """
+    kept = [d for d in range(len(shape)) if shape[d] != 1 and strides[d] != 0]
+    kept.sort(key=lambda d: -strides[d])
+    if not kept:
+        return (), (1,), 1
+    box = [shape[kept[0]]]
+    for a, b in zip(kept, kept[1:]):
+        sa, sb = strides[a], strides[b]
+        if sb <= 0 or sa <= 0 or sa % sb or shape[b] > sa // sb:
+            return None
+        box.append(sa // sb)
+    box.append(strides[kept[-1]])
+    if strides[kept[-1]] <= 0:
+        return None
+    return tuple(kept), tuple(box), shape[kept[0]] * strides[kept[0]]
+
+
+def _box_index(sizes, box_shape):
+    idx = [slice(None)]
+    for n in sizes[1:]:
+        idx.append(slice(0, n))
+    idx.append(slice(0, 1))
+    return tuple(idx[: len(box_shape)])
+
+
+def _region(buf, offset: int, span: int):
+    """buf[offset : offset + span], zero-padded past the end (the box's last row may overhang)."""
+    end = offset + span
+    if end > buf.shape[0]:
+        buf = jnp.concatenate([buf, jnp.zeros((end - buf.shape[0],), buf.dtype)])
+    if offset == 0 and span == buf.shape[0]:
+        return buf
+    return lax.slice(buf, (offset,), (end,))
 
 
 def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.Array:
@@ -119,15 +146,23 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
         if offset == 0 and numel == buf.shape[0]:
             return flat
         return lax.dynamic_update_slice(buf, flat, (offset,))
-    kept = _plan(shape, strides)
-    if kept is not None and all(strides[d] != 0 or shape[d] == 1 for d in range(len(shape))):
-        block = jnp.transpose(value.reshape(tuple(s for s in shape)), _full_perm(shape, kept))
-        block = block.reshape(-1)
-        if offset == 0 and numel == buf.shape[0]:
-            return block
-        return lax.dynamic_update_slice(buf, block, (offset,))
+    box = _box(shape, strides) if all(strides[d] != 0 or shape[d] == 1 for d in range(len(shape))) else None
+    if box is not None:
+        kept, box_shape, span = box
+        sizes = tuple(shape[d] for d in kept)
+        ordered = jnp.transpose(value, _full_perm(shape, kept)).reshape(sizes + (1,) * (len(box_shape) - len(sizes)))
+        region = _region(buf, offset, span).reshape(box_shape)
+        region = region.at[_box_index(sizes, box_shape)].set(ordered.reshape(_sliced(sizes, box_shape)))
+        region = region.reshape(-1)[: max(0, min(span, buf.shape[0] - offset))]
+        if offset == 0 and region.shape[0] == buf.shape[0]:
+            return region
+        return lax.dynamic_update_slice(buf, region, (offset,))
     idx = _index(shape, strides, offset).reshape(-1)
     return buf.at[idx].set(value.reshape(-1))
+
+
+def _sliced(sizes, box_shape):
+    return tuple(sizes) + (1,) if len(box_shape) > len(sizes) else tuple(sizes)
 
 
 def _full_perm(shape, kept):
