@@ -119,6 +119,7 @@ def test_fallback_counts_and_warns_once():
     assert r2.device.type == "tpu"
 
 
+@torchtpu.eager_mode("strict")
 def test_metrics_counts_compiles_and_hits():
     x = torch.randn(8, 8, device="tpu")
     torchtpu.reset_metrics()

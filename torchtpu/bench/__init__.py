@@ -7,6 +7,7 @@ import importlib
 # name -> "module:function", imported only when asked for
 BENCHMARKS: dict[str, str] = {
     "eager": "torchtpu.bench.eager:main",
+    "modes": "torchtpu.bench.modes:main",
 }
 
 

@@ -21,6 +21,7 @@ import weakref
 import jax
 
 from .. import metrics
+from ..runtime import rng
 
 _lock = threading.RLock()
 MAX_OPS = int(os.environ.get("TORCHTPU_DEFER_MAX_OPS", "4096"))
@@ -86,10 +87,10 @@ _SKIP_DIRS = tuple(
 
 def _origin():
     """The user's (file, line, function) that issued the current op, if any."""
-    f = sys._getframe(3)
+    f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<"):
+        if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<frozen"):
             return (fn, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return None
@@ -101,8 +102,6 @@ def pending_count() -> int:
 
 def record(compiled, key, entries, dyn, low, make_output):
     """Record one op; returns its output entries' Pendings via `make_output`."""
-    from ..runtime import rng
-
     with _lock:
         g = _graph
         refs = []

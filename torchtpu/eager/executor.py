@@ -21,7 +21,9 @@ from ..ops import promotion
 from ..ops.registry import Lowering
 from ..runtime import geometry, rng, storage, tensors
 from . import deferred, modes
+from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from ..runtime.storage import _table
 
 _SCALARS = (bool, int, float, complex)
 
@@ -68,20 +70,26 @@ class _Flat:
         self.tensors = []
 
     def tensor(self, t: torch.Tensor, low: Lowering):
-        dev = t.device.type
-        if dev != "tpu":
-            if t.dim() == 0 and dev == "cpu":
-                entry = _HostEntry(t)
-                shape, stride, offset = (), (), 0
-            else:
+        if t.is_cpu:
+            if t.dim() != 0:
                 raise RuntimeError(
                     f"Expected all tensors to be on the same device, but found at least two "
-                    f"devices, tpu:0 and {t.device}! (when checking arguments for {low.name})"
+                    f"devices, tpu:0 and cpu! (when checking arguments for {low.name})"
                 )
+            entry = _HostEntry(t)
+            shape, stride, offset = (), (), 0
         else:
-            entry = storage.lookup(t)
+            try:
+                entry = _table[t.untyped_storage()._cdata]
+            except KeyError:
+                if t.device.type != "tpu":
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least two "
+                        f"devices, tpu:0 and {t.device}! (when checking arguments for {low.name})"
+                    ) from None
+                raise
             shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
-            if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
+            if t.is_complex() and (t.is_conj() or t.is_neg()):
                 # lazy conjugate/negative views: the bit lives on the tensor, not the storage
                 return self._lazy_bits(t, entry, shape, stride, offset, low)
         k = id(entry)
@@ -90,7 +98,7 @@ class _Flat:
             si = len(self.entries)
             self.entry_index[k] = si
             self.entries.append(entry)
-        self.leaves.append((si, shape, stride, offset, to_jax_dtype(t.dtype)))
+        self.leaves.append((si, shape, stride, offset, _T2J[t.dtype]))
         self.tensors.append(t)
         return ("T", len(self.leaves) - 1)
 
@@ -299,10 +307,15 @@ def _describe(low: Lowering, flat: _Flat) -> str:
     return f"{low.name}({ins})"
 
 
-def _annotate(err: BaseException, low: Lowering, flat: _Flat) -> None:
+def _user_error(err: BaseException, low: Lowering, flat: _Flat) -> BaseException:
+    """The error a PyTorch user expects: RuntimeError (as CPU/CUDA kernels raise for bad
+    shapes) naming the op, its inputs and the user's line. Errors of our own kind pass."""
     where = deferred._origin()
-    at = f", issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
-    err.add_note(f"torchtpu: while running {_describe(low, flat)}{at}")
+    at = f"\n  issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
+    if isinstance(err, (RuntimeError, NotImplementedError, FloatingPointError, IndexError)):
+        err.add_note(f"torchtpu: while running {_describe(low, flat)}{at}")
+        return err
+    return RuntimeError(f"{_describe(low, flat)}: {type(err).__name__}: {err}{at}")
 
 
 def execute(low: Lowering, args, kwargs):
@@ -328,8 +341,8 @@ def execute(low: Lowering, args, kwargs):
             try:
                 _abstract(compiled, entries, flat.dyn, _NO_KEY if low.random else ())
             except Exception as err:
-                _annotate(err, low, flat)
-                raise
+                _cache.pop(key, None)
+                raise _user_error(err, low, flat) from err
         outs = deferred.record(compiled, key, entries, flat.dyn, low, _make_output)
         return _finish(low, compiled, args, kwargs, outs)
     rngdata = rng.next_key_data() if low.random else ()
@@ -341,8 +354,8 @@ def execute(low: Lowering, args, kwargs):
             if modes.debug_nans():
                 _check_nans(low, flat, outs, updated)
     except Exception as err:
-        _annotate(err, low, flat)
-        raise
+        _cache.pop(key, None)
+        raise _user_error(err, low, flat) from err
     metrics.bump("executions")
     if compiled.updated is None:
         compiled.updated = tuple(sorted(updated))

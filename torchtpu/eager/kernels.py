@@ -188,6 +188,38 @@ def set_source_storage_offset(self, source, storage_offset, size, stride=()):
     return self
 
 
+def _infer_size(size, numel: int, op: str):
+    size = list(size)
+    neg = [i for i, s in enumerate(size) if s == -1]
+    if len(neg) > 1:
+        raise RuntimeError(f"{op}: only one dimension can be inferred")
+    known = math.prod(s for s in size if s != -1)
+    if neg:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{size}' is invalid for input of size {numel}")
+        size[neg[0]] = numel // known
+    elif known != numel:
+        raise RuntimeError(f"shape '{size}' is invalid for input of size {numel}")
+    return size
+
+
+def _fast_view(op):
+    """view/_unsafe_view of a contiguous tensor: new contiguous strides, no meta detour."""
+    slow = view_kernel(op)
+
+    def kernel(self, size):
+        if self.is_contiguous():
+            size = _infer_size(size, self.numel(), "view")
+            return tensors.alias(self, size, geometry.contiguous_strides(size), self.storage_offset())
+        return slow(self, size)
+
+    return kernel
+
+
+def _reshape_alias(self, size, stride):
+    return tensors.alias(self, size, stride, self.storage_offset())
+
+
 def view_kernel(op):
     def kernel(*args, **kwargs):
         return fallback.meta_view(op, args, kwargs)
@@ -222,8 +254,10 @@ def register_runtime() -> None:
     _impl("set_.source_Tensor", set_source_tensor)
     _impl("set_.source_Storage", set_source_storage)
     _impl("set_.source_Storage_storage_offset", set_source_storage_offset)
-    for name in ("view", "view.dtype", "_reshape_alias", "unfold", "view_as_real", "view_as_complex",
-                 "_unsafe_view"):
+    _impl("view", _fast_view(overload("view")))
+    _impl("_unsafe_view", _fast_view(overload("_unsafe_view")))
+    _impl("_reshape_alias", _reshape_alias)
+    for name in ("view.dtype", "unfold", "view_as_real", "view_as_complex"):
         _impl(name, view_kernel(overload(name)))
     # In-place geometry ops have composite kernels that check bounds against the
     # zero-byte storage; ours computes the geometry on a meta stand-in instead.

@@ -20,13 +20,14 @@ from . import jaxenv
 class Entry:
     """One storage: its flat buffer (None until first written), length, dtype."""
 
-    __slots__ = ("buf", "numel", "dtype", "nbytes", "__weakref__")
+    __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "__weakref__")
 
     def __init__(self, numel: int, dtype: np.dtype, buf=None):
         self.numel = numel
         self.dtype = dtype
         self.nbytes = numel * dtype.itemsize
         self.buf = buf
+        self.watch = None  # weakref to the storage object; its callback frees this entry
 
 
 _table: dict[int, Entry] = {}
@@ -39,6 +40,7 @@ def _release(key: int, entry: Entry) -> None:
         if _table.get(key) is entry:
             del _table[key]
         _stats["allocated"] -= entry.nbytes
+    entry.watch = None
 
 
 def _account(nbytes: int) -> None:
@@ -53,10 +55,14 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     storage = t.untyped_storage()
     key = storage._cdata
     entry = Entry(numel, dtype, buf)
+    # A plain weakref callback (cheaper than weakref.finalize); the entry keeps the
+    # weakref alive for as long as the table holds the entry.
+    entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry: _release(key, entry))
     with _lock:
         _table[key] = entry
-    _account(entry.nbytes)
-    weakref.finalize(storage, _release, key, entry)
+        _stats["allocated"] += entry.nbytes
+        if _stats["allocated"] > _stats["peak"]:
+            _stats["peak"] = _stats["allocated"]
     return entry
 
 

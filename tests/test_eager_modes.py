@@ -1,0 +1,192 @@
+"""Eager modes: strict, debug, defer_and_fuse."""
+import gc
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu.eager import deferred
+
+
+@pytest.fixture
+def defer():
+    with torchtpu.eager_mode("defer_and_fuse"):
+        yield
+
+
+def test_mode_api_and_env_names():
+    old = torchtpu.get_eager_mode()
+    for m in ("strict", "debug", "defer_and_fuse"):
+        with torchtpu.eager_mode(m):
+            assert torchtpu.get_eager_mode() == m == torch.tpu.get_eager_mode()
+    assert torchtpu.get_eager_mode() == old
+    with pytest.raises(ValueError, match="unknown mode"):
+        torchtpu.set_eager_mode("lazy")
+
+
+def test_defer_records_then_materializes_on_host_read(defer):
+    x = torch.randn(4, 4)
+    t = x.to("tpu")
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    y = (t * 2 + 1).relu().sum(0)
+    assert deferred.pending_count() >= 3
+    assert torchtpu.metrics()["executions"] == 0
+    torch.testing.assert_close(y.cpu(), (x * 2 + 1).relu().sum(0))
+    m = torchtpu.metrics()
+    assert deferred.pending_count() == 0
+    assert m["regions_executed"] == 1 and m["materialize:host_read"] == 1
+
+
+@pytest.mark.parametrize("trigger", ["item", "tolist", "print", "bool", "synchronize"])
+def test_materialization_triggers(defer, trigger):
+    t = torch.ones(3, device="tpu") * 2
+    if trigger == "item":
+        assert t.sum().item() == 6
+    elif trigger == "tolist":
+        assert t.tolist() == [2, 2, 2]
+    elif trigger == "print":
+        assert "2." in repr(t)
+    elif trigger == "bool":
+        assert bool((t > 1).all())
+    else:
+        torch.tpu.synchronize()
+    assert deferred.pending_count() == 0
+
+
+def test_inplace_and_views_stay_correct(defer):
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    t.t()[1].fill_(-1)
+    t[::2] += 1
+    t.view(-1).mul_(2)
+    x.t()[1].fill_(-1)
+    x[::2] += 1
+    x.view(-1).mul_(2)
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_dead_buffers_are_not_outputs(defer):
+    t = torch.randn(64, 64, device="tpu")
+    torch.tpu.synchronize()
+    a = t * 2
+    b = a + 1  # noqa: F841 - stays alive
+    del a
+    gc.collect()
+    live = [wr() for wr, p in deferred._graph.written if wr() is not None and wr().buf is p]
+    assert len(live) == 1
+    torch.tpu.synchronize()
+
+
+def test_changing_scalars_never_recompile(defer):
+    w = torch.randn(8, device="tpu")
+    for i in range(2):
+        w.mul_(0.5 + i).add_(1.0)
+        torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for i in range(5):
+        w.mul_(0.9 - i * 0.01).add_(i + 0.5)
+        torch.tpu.synchronize()
+    assert torchtpu.metrics()["compiles"] == 0
+
+
+def test_training_matches_strict_and_reuses_one_executable():
+    def run(mode):
+        torch.manual_seed(0)
+        with torchtpu.eager_mode(mode):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3)).to("tpu")
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            g = torch.Generator().manual_seed(0)
+            losses, compiles = [], []
+            for step in range(6):
+                x = torch.randn(4, 8, generator=g).to("tpu")
+                y = torch.randint(0, 3, (4,), generator=g).to("tpu")
+                for group in opt.param_groups:
+                    group["lr"] = 1e-2 / (step + 1)
+                before = torchtpu.metrics()["compiles"]
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                compiles.append(torchtpu.metrics()["compiles"] - before)
+        return losses, compiles
+
+    strict, _ = run("strict")
+    fused, compiles = run("defer_and_fuse")
+    for a, b in zip(strict, fused):
+        assert abs(a - b) <= 1e-5 * abs(a)
+    assert compiles[2:] == [0] * 4, compiles
+
+
+def test_mode_seen_by_backward_thread(defer):
+    seen = []
+    orig = deferred.record
+
+    def spy(*a, **k):
+        seen.append(threading.current_thread().name)
+        return orig(*a, **k)
+
+    deferred.record = spy
+    try:
+        x = torch.randn(3, device="tpu", requires_grad=True)
+        (x * x).sum().backward()
+        torch.tpu.synchronize()
+    finally:
+        deferred.record = orig
+    assert len(set(seen)) >= 2  # forward on this thread, backward on the engine's, both deferred
+    assert x.grad is not None
+
+
+def test_deferred_shape_error_points_at_issuing_line(defer):
+    a = torch.ones(3, 4, device="tpu")
+    b = torch.ones(5, device="tpu")
+    with pytest.raises(RuntimeError) as info:
+        c = a + b  # the issuing line  # noqa: F841
+    text = str(info.value)
+    assert "add.Tensor" in text and "(3, 4)" in text and "(5,)" in text
+    assert "test_eager_modes.py" in text and "the issuing line" not in text
+    import traceback
+
+    frames = traceback.extract_tb(info.tb)
+    assert any(f.filename.endswith("test_eager_modes.py") and "a + b" in (f.line or "") for f in frames)
+
+
+def test_materialization_error_names_issuing_op(defer, monkeypatch):
+    t = torch.ones(4, device="tpu")
+    torch.tpu.synchronize()
+    y = t * 3  # issued here; fails only when the region is traced
+    node = deferred._graph.nodes[-1]
+
+    def broken(*a, **k):
+        raise ValueError("lowering bug")
+
+    monkeypatch.setattr(node, "program", broken)
+    with pytest.raises(ValueError) as info:
+        y.cpu()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "mul" in notes and "test_eager_modes.py" in notes
+    with pytest.raises(RuntimeError, match="value was lost"):
+        y.cpu()
+
+
+def test_debug_mode_names_op_and_line():
+    with torchtpu.eager_mode("debug"):
+        a = torch.ones(2, 3, device="tpu")
+        with pytest.raises(RuntimeError) as info:
+            a @ torch.ones(2, 3, device="tpu")
+    text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+    assert "mm" in text and "test_eager_modes.py" in text
+
+
+def test_debug_nans_names_first_op():
+    with torchtpu.eager_mode("debug"):
+        torchtpu.set_debug_nans(True)
+        try:
+            x = torch.tensor([1.0, -1.0], device="tpu")
+            with pytest.raises(FloatingPointError, match="sqrt"):
+                torch.sqrt(x)
+        finally:
+            torchtpu.set_debug_nans(False)
