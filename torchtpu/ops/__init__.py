@@ -1,15 +1,18 @@
 """ATen -> JAX lowerings, one module per op family. Importing this fills the table."""
 from . import (  # noqa: F401
     factories,
+    fft,
     foreach,
     indexing,
     linalg,
     losses,
     memory,
     nn,
+    nn_extra,
     pointwise,
     random,
     reductions,
     shape,
+    special,
 )
 from .registry import KERNELS, LOWERINGS, kernel, lower  # noqa: F401

@@ -333,6 +333,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--timeout", type=int, default=180, help="seconds per OpInfo")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--write-expected", metavar="PATH",
+                   help="write {OpInfo: [forward, backward]} states, the data tests/test_opinfo.py checks")
     args = p.parse_args(argv)
     ops = select(args.ops)
     names = [opinfo_name(o) for o in ops]
@@ -367,4 +369,8 @@ def main(argv=None) -> int:
                        "lowered": torchtpu.lowered_ops()}, f, indent=1, sort_keys=True)
     if args.markdown:
         write_markdown(args.markdown, summary, results, argv)
+    if args.write_expected:
+        with open(args.write_expected, "w") as f:
+            json.dump({r.name: [r.forward, r.backward] for r in results}, f, indent=0, sort_keys=True)
+            f.write("\n")
     return 0

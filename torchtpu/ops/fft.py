@@ -1,0 +1,7 @@
+"""FFT lowerings: _fft_c2c, _fft_r2c, _fft_c2r."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .registry import kernel, lower
