@@ -18,8 +18,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m torchtpu.demo
 
+CORE_TESTS := tests/test_device.py tests/test_views.py tests/test_training.py tests/test_eager_modes.py
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m "not slow"
+	# the core tests again with every op deferred and fused
+	TORCHTPU_EAGER_MODE=defer_and_fuse $(BIN)/python -m pytest -n 2 -q -m "not slow" $(CORE_TESTS)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
