@@ -22,6 +22,7 @@ import jax
 
 from .. import metrics
 from ..runtime import rng
+from . import scalars as _scalars
 
 _lock = threading.RLock()
 MAX_OPS = int(os.environ.get("TORCHTPU_DEFER_MAX_OPS", "4096"))
@@ -128,7 +129,7 @@ def record(compiled, key, entries, dyn, low, make_output):
             g.rngs.append(rngdata)
         g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata is not None, _origin(), low.name))
         g.scalars.extend(dyn)
-        g.fingerprint.append((key, refs))
+        g.fingerprint.append((compiled, refs))  # compiled objects live in the op cache: hash by identity
         written = g.written
         if low.mode == "inplace":
             for s in compiled.updated:
@@ -154,10 +155,11 @@ def record(compiled, key, entries, dyn, low, make_output):
         return result
 
 
-def _make_fused(nodes, out_refs):
+def _make_fused(nodes, out_refs, codes):
     programs = [(n.program, n.refs, n.nscalars, n.rng, n.origin, n.name) for n in nodes]
 
-    def fused(inputs, scalars, rngs):
+    def fused(inputs, packed, rngs):
+        scalars = _scalars.unpack(packed, codes)
         vals = {}
         si = 0
         ri = 0
@@ -199,17 +201,18 @@ def flush(reason: str) -> None:
                 seen.add(id(e))
                 live.append((e, p))
         out_refs = tuple((p.node, p.key) for _, p in live)
-        fkey = (tuple(g.fingerprint), out_refs)
+        codes = _scalars.layout(g.scalars)
+        fkey = (tuple(g.fingerprint), out_refs, codes)
         fn = _fused_cache.get(fkey)
         if fn is None:
-            fn = _make_fused(g.nodes, out_refs)
+            fn = _make_fused(g.nodes, out_refs, codes)
             _fused_cache[fkey] = fn
             metrics.bump("compiles")
             metrics.bump("region_compiles")
         else:
             metrics.bump("cache_hits")
         try:
-            results = fn(tuple(g.inputs), tuple(g.scalars), tuple(g.rngs))
+            results = fn(tuple(g.inputs), _scalars.pack(g.scalars, codes), tuple(g.rngs))
         except Exception as err:
             _fused_cache.pop(fkey, None)
             for e, _ in live:

@@ -20,7 +20,7 @@ from .. import metrics
 from ..ops import promotion
 from ..ops.registry import Lowering
 from ..runtime import geometry, rng, storage, tensors
-from . import deferred, modes
+from . import deferred, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from ..runtime.storage import _table
@@ -284,6 +284,17 @@ def _abstract(compiled: _Compiled, entries, dyn, rngdata) -> None:
     metrics.bump("abstract_evals")
 
 
+def _jit_packed(program, codes):
+    """jax.jit of `program` taking its runtime scalars packed (see eager/scalars.py)."""
+
+    def packed_program(bufs, packed, rngdata):
+        return program(bufs, tuple(scalars.unpack(packed, codes)), rngdata)
+
+    fn = jax.jit(packed_program)
+    fn.codes = codes
+    return fn
+
+
 def _concrete(entry):
     b = entry.buf
     tb = type(b)
@@ -329,7 +340,7 @@ def execute(low: Lowering, args, kwargs):
     if compiled is None:
         compiled = _Compiled()
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
-        compiled.fn = jax.jit(compiled.program)
+        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn))
         with _cache_lock:
             _cache[key] = compiled
         if mode != "defer_and_fuse":
@@ -348,7 +359,7 @@ def execute(low: Lowering, args, kwargs):
     rngdata = rng.next_key_data() if low.random else ()
     bufs = tuple(_concrete(e) for e in entries)
     try:
-        outs, updated = compiled.fn(bufs, tuple(flat.dyn), rngdata)
+        outs, updated = compiled.fn(bufs, scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():

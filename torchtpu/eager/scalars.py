@@ -1,0 +1,49 @@
+"""Python scalars as runtime inputs, packed into one array per kind.
+
+Passing each Python number to a jitted call as its own argument costs a host
+transfer apiece (a fused region or an optimizer's ScalarList can carry
+dozens); packing them into one array per kind costs one. Inside the program
+each value is unpacked weakly typed, exactly as jax.jit treats a Python scalar,
+so dtype promotion is unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jax._src.lax.lax import _convert_element_type
+
+# kind code -> (numpy dtype, weakly typed like a Python scalar of that kind)
+_KINDS = {bool: (0, np.bool_, False), int: (1, np.int64, True), float: (2, np.float64, True),
+          complex: (3, np.complex128, True)}
+_DTYPES = [np.bool_, np.int64, np.float64, np.complex128]
+_WEAK = [False, True, True, True]
+
+
+def layout(values) -> tuple:
+    """The kind code of each value (hashable; part of a cache key)."""
+    return tuple(_KINDS[type(v)][0] if type(v) in _KINDS else _kind_of(v) for v in values)
+
+
+def _kind_of(v) -> int:
+    for t in (bool, int, float, complex):
+        if isinstance(v, t):
+            return _KINDS[t][0]
+    raise TypeError(f"torchtpu: cannot pass {type(v).__name__} as a runtime scalar")
+
+
+def pack(values, codes) -> tuple:
+    """One numpy array per kind (empty kinds are None)."""
+    buckets = ([], [], [], [])
+    for v, c in zip(values, codes):
+        buckets[c].append(v)
+    return tuple(np.array(b, dtype=_DTYPES[k]) if b else None for k, b in enumerate(buckets))
+
+
+def unpack(packed, codes) -> list:
+    """Inside a trace: the values again, in order, weakly typed where Python's are."""
+    pos = [0, 0, 0, 0]
+    out = []
+    for c in codes:
+        x = packed[c][pos[c]]
+        pos[c] += 1
+        out.append(_convert_element_type(x, weak_type=True) if _WEAK[c] else x)
+    return out
