@@ -135,6 +135,9 @@ def lower(
                 )
             else:
                 pa = tuple(promote_args)
+                unknown = set(pa) - {a.name for a in args}
+                if unknown:
+                    raise TypeError(f"lower({name!r}): promote_args {sorted(unknown)} are not arguments of its schema")
             low = Lowering(
                 name, fn, op, args, promote, pa, frozenset(static), random,
                 extra={"variants": variants},
