@@ -417,3 +417,21 @@ def test_triangular(no_fallback):
 
 def test_matrix_exp(no_fallback):
     check(torch.linalg.matrix_exp, r(2, 3, 3, dtype=torch.float64) * 0.5)
+
+
+def test_int_addmm_likes_truncate_scalars(no_fallback):
+    # integer addmv/addbmm/baddbmm convert beta/alpha to the integer type (C++ truncation)
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randint(-9, 9, s, generator=g)
+    cases = [
+        (torch.addmv, r(5), r(5, 10), r(10)),
+        (torch.addmm, r(5, 3), r(5, 4), r(4, 3)),
+        (torch.addbmm, r(5, 3), r(2, 5, 4), r(2, 4, 3)),
+        (torch.baddbmm, r(2, 5, 3), r(2, 5, 4), r(2, 4, 3)),
+    ]
+    for fn, s, a, b in cases:
+        for beta, alpha in ((0.2, 0.6), (1.7, 2.6), (-1.5, 3), (1, 1)):
+            e = fn(s, a, b, beta=beta, alpha=alpha)
+            got = fn(s.to("tpu"), a.to("tpu"), b.to("tpu"), beta=beta, alpha=alpha)
+            assert got.dtype == e.dtype
+            assert torch.equal(got.cpu(), e), (fn, beta, alpha)

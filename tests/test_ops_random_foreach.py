@@ -578,3 +578,14 @@ def test_fused_adam_grad_scale_found_inf(own_ops_native, inf):
     for got, exp in zip(run("tpu"), run("cpu")):
         for g, e in zip(got, exp):
             torch.testing.assert_close(g.cpu(), e)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_native_dropout_backward_dtypes(own_ops_native, dtype):
+    # integer/bool grads give a float32 result on CPU (mask.type_as(grad) * scale is float)
+    g = torch.randint(0, 5, (3, 4)).to(dtype)
+    m = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5
+    e = torch.ops.aten.native_dropout_backward(g, m, 2.5)
+    a = torch.ops.aten.native_dropout_backward(g.to("tpu"), m.to("tpu"), 2.5)
+    assert a.dtype == e.dtype
+    torch.testing.assert_close(a.cpu(), e)

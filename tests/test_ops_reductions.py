@@ -494,3 +494,29 @@ def test_opinfo_samples(name):
         cpu = op(s.input, *s.args, **s.kwargs)
         tpu = op(*to_tpu((s.input, *s.args)), **to_tpu(s.kwargs))
         torch.testing.assert_close(to_cpu(tpu), cpu, equal_nan=True, msg=lambda m: f"{name} {s}: {m}")
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_topk_kthvalue_ties_match_cpu(no_fallback, dim):
+    # CPU's selection algorithms are not stable: with ties, the returned indices follow
+    # their swaps (nth_element / quickselect), which the lowerings emulate.
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x = torch.randint(-4, 4, (5, 10, 5), generator=g)
+        for largest in (True, False):
+            for srt in (True, False):
+                a = torch.topk(x.to("tpu"), 3, dim, largest=largest, sorted=srt)
+                e = torch.topk(x, 3, dim, largest=largest, sorted=srt)
+                assert torch.equal(a[0].cpu(), e[0]) and torch.equal(a[1].cpu(), e[1])
+        for k in (1, 2, 5):
+            a = torch.kthvalue(x.to("tpu"), k, dim, keepdim=True)
+            e = torch.kthvalue(x, k, dim, keepdim=True)
+            assert torch.equal(a[0].cpu(), e[0]) and torch.equal(a[1].cpu(), e[1])
+    xf = torch.tensor([[1.0, float("nan"), 2.0, 1.0, float("nan"), 2.0, 0.0]])
+    for k in range(1, 8):
+        a, e = torch.kthvalue(xf.to("tpu"), k), torch.kthvalue(xf, k)
+        torch.testing.assert_close(a[0].cpu(), e[0], equal_nan=True)
+        assert torch.equal(a[1].cpu(), e[1])
+    a, e = torch.topk(xf.to("tpu"), 4), torch.topk(xf, 4)
+    torch.testing.assert_close(a[0].cpu(), e[0], equal_nan=True)
+    assert torch.equal(a[1].cpu(), e[1])

@@ -81,6 +81,10 @@ def _combine(self, prod, beta, alpha, out_dtype):
         b = jnp.asarray(beta).astype(bool)
         a = jnp.asarray(alpha).astype(bool)
         return (jnp.broadcast_to(self, prod.shape).astype(bool) & b) | (prod.astype(bool) & a)
+    if jnp.dtype(acc).kind in "iu":
+        # integer addmm-likes convert beta/alpha to the integer type first (C++ truncation)
+        beta = int(beta) if _is_static(beta) else jnp.asarray(beta).astype(acc)
+        alpha = int(alpha) if _is_static(alpha) else jnp.asarray(alpha).astype(acc)
     return (_scaled_self(self, beta, prod.shape, acc) + _scaled_prod(prod, alpha)).astype(out_dtype)
 
 

@@ -377,6 +377,10 @@ def native_dropout(input, p, train, key=None):
 @lower("native_dropout_backward")
 def native_dropout_backward(grad_output, mask, scale):
     dt = jnp.dtype(grad_output.dtype)
+    if dt.kind not in "fc":
+        # integer/bool grads: mask.type_as(grad) * scale is a default-dtype (float32) tensor
+        m = mask.astype(dt).astype(jnp.float32) * jnp.asarray(scale, jnp.float32)
+        return grad_output.astype(jnp.float32) * m
     cdt = jnp.float32 if dt in _LOW_PRECISION else dt
     m = (mask.astype(cdt) * scale).astype(dt)  # mask.type_as(grad) * scale, in grad's dtype
     return (grad_output.astype(cdt) * m.astype(cdt)).astype(dt)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -607,6 +608,167 @@ def sort_stable(self, stable=None, dim=-1, descending=False):
     return sort(self, dim, descending)
 
 
+
+# --- CPU-exact selection (ties) ----------------------------------------------------
+# PyTorch CPU's topk (libstdc++ std::nth_element + std::sort of the first k-1) and
+# kthvalue (Sedgewick quickselect) are not stable: among equal values the index they
+# return depends on the algorithm's swaps. These emulate the algorithms one row at a time
+# (vmapped while-loops); they only run when a row set has ties (or for unsorted topk).
+
+
+def _swap(v, ix, a, b):
+    va, vb = v[a], v[b]
+    ia, ib = ix[a], ix[b]
+    return v.at[a].set(vb).at[b].set(va), ix.at[a].set(ib).at[b].set(ia)
+
+def _lt_fn(largest, isf):
+    # comp(x, y): x goes before y
+    def comp(x, y):
+        if largest:
+            r = x > y
+            if isf:
+                r = r | (jnp.isnan(x) & ~jnp.isnan(y))
+        else:
+            r = x < y
+            if isf:
+                r = r | (~jnp.isnan(x) & jnp.isnan(y))
+        return r
+    return comp
+
+def quickselect_1d(v, k, isf):
+    """PyTorch CPU kthvalue's quick_select (Sedgewick) on one row: returns (vals, idx)."""
+    n = v.shape[0]
+    gt = _lt_fn(True, isf)
+    ix = jnp.arange(n, dtype=jnp.int64)
+    I = lambda x: jnp.asarray(x, jnp.int64)
+
+    def cond(s):
+        return ~s[4]
+
+    def body(s):
+        v, ix, L, R, done = s
+        two = R == L + 1
+        def small(args):
+            v, ix = args
+            sw = gt(v[L], v[R])
+            v2, ix2 = _swap(v, ix, L, R)
+            return jnp.where(sw, v2, v), jnp.where(sw, ix2, ix), L, R, jnp.bool_(True)
+        def big(args):
+            v, ix = args
+            P = (L + R) >> 1
+            v, ix = _swap(v, ix, P, L + 1)
+            def cswap(v, ix, a, b):
+                sw = gt(v[a], v[b])
+                v2, ix2 = _swap(v, ix, a, b)
+                return jnp.where(sw, v2, v), jnp.where(sw, ix2, ix)
+            v, ix = cswap(v, ix, L + 1, R)
+            v, ix = cswap(v, ix, L, R)
+            v, ix = cswap(v, ix, L + 1, L)
+            piv = v[L]
+            def pcond(p):
+                return ~p[4]
+            def pbody(p):
+                v, ix, i, j, _ = p
+                # bounds guards: never hit by a live row, but vmap keeps stepping finished rows
+                i = lax.while_loop(lambda i: (i < R) & gt(piv, v[i]), lambda i: i + 1, i + 1)
+                j = lax.while_loop(lambda j: (j > L) & gt(v[j], piv), lambda j: j - 1, j - 1)
+                brk = j < i
+                v2, ix2 = _swap(v, ix, i, j)
+                return jnp.where(brk, v, v2), jnp.where(brk, ix, ix2), i, j, brk
+            v, ix, i, j, _ = lax.while_loop(pcond, pbody, (v, ix, L + 1, R, jnp.bool_(False)))
+            v, ix = _swap(v, ix, L, j)
+            L2 = jnp.where(j <= k, i, L)
+            R2 = jnp.where(j >= k, j - 1, R)
+            return v, ix, L2, R2, jnp.bool_(False)
+        v, ix, L, R, done = lax.cond(two, small, big, (v, ix))
+        done = done | (R <= L)
+        return v, ix, L, R, done
+
+    s = (v, ix, I(0), I(n - 1), jnp.bool_(n <= 1))
+    v, ix, *_ = lax.while_loop(cond, body, s)
+    return v, ix
+
+
+def _insertion_sort_range(v, ix, first, last, comp):
+    """libstdc++ __insertion_sort on [first, last) (stable)."""
+    def obody(i, s):
+        v, ix = s
+        val, vi = v[i], ix[i]
+        def icond(c):
+            v, ix, j = c
+            return (j > first) & comp(val, v[j - 1])
+        def ibody(c):
+            v, ix, j = c
+            return v.at[j].set(v[j - 1]), ix.at[j].set(ix[j - 1]), j - 1
+        v, ix, j = lax.while_loop(icond, ibody, (v, ix, i))
+        return v.at[j].set(val), ix.at[j].set(vi)
+    return lax.fori_loop(first + 1, jnp.maximum(last, first + 1), obody, (v, ix))
+
+
+def nth_element_1d(v, nth, comp):
+    """libstdc++ std::nth_element (introselect; the rare depth-limit heap path is not emulated)."""
+    n = v.shape[0]
+    ix = jnp.arange(n, dtype=jnp.int64)
+    I = lambda x: jnp.asarray(x, jnp.int64)
+
+    def cond(s):
+        return s[3] - s[2] > 3
+
+    def body(s):
+        v, ix, first, last = s
+        mid = first + (last - first) // 2
+        a, b, c = first + 1, mid, last - 1
+        ab, bc, ac = comp(v[a], v[b]), comp(v[b], v[c]), comp(v[a], v[c])
+        pick = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)),
+                         jnp.where(ac, a, jnp.where(bc, c, b)))
+        v, ix = _swap(v, ix, first, pick)
+        piv = v[first]
+
+        def pcond(p):
+            return ~p[4]
+
+        def pbody(p):
+            v, ix, lo, hi, _ = p
+            # bounds guards: never hit by a live row, but vmap keeps stepping finished rows
+            lo = lax.while_loop(lambda l: (l < last - 1) & comp(v[l], piv), lambda l: l + 1, lo)
+            hi = lax.while_loop(lambda h: (h > first) & comp(piv, v[h]), lambda h: h - 1, hi - 1)
+            stop = ~(lo < hi)
+            v2, ix2 = _swap(v, ix, lo, hi)
+            return (jnp.where(stop, v, v2), jnp.where(stop, ix, ix2),
+                    jnp.where(stop, lo, lo + 1), hi, stop)
+
+        v, ix, cut, _, _ = lax.while_loop(pcond, pbody, (v, ix, first + 1, last, jnp.bool_(False)))
+        first2 = jnp.where(cut <= nth, cut, first)
+        last2 = jnp.where(cut <= nth, last, cut)
+        return v, ix, first2, last2
+
+    v, ix, first, last = lax.while_loop(cond, body, (v, ix, I(0), I(n)))
+    return _insertion_sort_range(v, ix, first, last, comp)
+
+
+def _has_ties(x, ax):
+    """Whether some row along ax holds two equal values (NaNs count as equal)."""
+    if x.shape[ax] < 2:
+        return jnp.bool_(False)
+    v, _ = _sort(x, ax, False)
+    a = lax.slice_in_dim(v, 0, x.shape[ax] - 1, axis=ax)
+    b = lax.slice_in_dim(v, 1, x.shape[ax], axis=ax)
+    eq = a == b
+    if _is_float(x.dtype):
+        eq = eq | (jnp.isnan(a) & jnp.isnan(b))
+    return jnp.any(eq)
+
+
+def _rowwise(fn, x, ax):
+    """Apply fn(row) -> (values, indices) to every 1-D row along ax."""
+    xm = jnp.moveaxis(x, ax, -1)
+    rows = xm.reshape(-1, xm.shape[-1])
+    v, i = jax.vmap(fn)(rows)
+    v = jnp.moveaxis(v.reshape(xm.shape[:-1] + v.shape[-1:]), -1, ax)
+    i = jnp.moveaxis(i.reshape(xm.shape[:-1] + i.shape[-1:]), -1, ax)
+    return v, i
+
+
 @lower("topk")
 def topk(self, k, dim=-1, largest=True, sorted=True):
     ax = _one_dim(self.ndim, dim)
@@ -615,8 +777,30 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
         raise RuntimeError("selected index k out of range")
     if ax is None:
         return self, jnp.zeros((), _I64)
-    v, i = _sort(self, ax, largest)
-    return lax.slice_in_dim(v, 0, k, axis=ax), lax.slice_in_dim(i, 0, k, axis=ax)
+    def fast(x):
+        v, i = _sort(x, ax, largest)
+        return lax.slice_in_dim(v, 0, k, axis=ax), lax.slice_in_dim(i, 0, k, axis=ax)
+
+    if k == 0 or self.size == 0 or k * 64 <= n:
+        # (CPU's partial_sort path for small k is not emulated: ties keep the stable order)
+        return fast(self)
+    x = self.astype(jnp.uint8) if self.dtype == jnp.bool_ else self
+    comp = _lt_fn(largest, _is_float(x.dtype))
+
+    def row(r):
+        v, ix = nth_element_1d(r, k - 1, comp)
+        if sorted:  # std::sort of k-1 <= 16 elements is an insertion sort
+            v, ix = _insertion_sort_range(v, ix, 0, k - 1, comp)
+        return v[:k], ix[:k]
+
+    def exact(x):
+        return _rowwise(row, x, ax)
+
+    if not sorted:
+        v, i = exact(x)
+    else:
+        v, i = lax.cond(_has_ties(x, ax), exact, fast, x)
+    return v.astype(self.dtype), i
 
 
 @lower("kthvalue")
@@ -627,10 +811,21 @@ def kthvalue(self, k, dim=-1, keepdim=False):
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
     if ax is None:
         return self, jnp.zeros((), _I64)
-    v, i = _sort(self, ax, False)
-    v = lax.index_in_dim(v, k - 1, axis=ax, keepdims=keepdim)
-    i = lax.index_in_dim(i, k - 1, axis=ax, keepdims=keepdim)
-    return v, i
+    def fast(x):
+        v, i = _sort(x, ax, False)
+        return lax.slice_in_dim(v, k - 1, k, axis=ax), lax.slice_in_dim(i, k - 1, k, axis=ax)
+
+    x = self.astype(jnp.uint8) if self.dtype == jnp.bool_ else self
+    isf = _is_float(x.dtype)
+
+    def row(r):
+        v, ix = quickselect_1d(r, k - 1, isf)
+        return v[k - 1:k], ix[k - 1:k]
+
+    v, i = lax.cond(_has_ties(x, ax), lambda x: _rowwise(row, x, ax), fast, x)
+    if not keepdim:
+        v, i = jnp.squeeze(v, ax), jnp.squeeze(i, ax)
+    return v.astype(self.dtype), i
 
 
 def _median_along(x, ax, ignore_nan):
