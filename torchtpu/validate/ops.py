@@ -166,6 +166,7 @@ def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120)
     name = opinfo_name(op)
     res = Result(name)
     t0 = time.perf_counter()
+    torch.manual_seed(0)  # samples are drawn on the device: the same values in every run
     values = name not in NONDETERMINISTIC and op.name not in NONDETERMINISTIC
     if op.name in SPARSE or op.name.startswith("sparse."):
         res.detail = "sparse layouts are not supported on tpu"
