@@ -24,6 +24,24 @@ _RANK = {"pass-native": 0, "skipped": 0, "pass-with-fallback": 1, "mismatch": 2,
 _OPS = {v.opinfo_name(o): o for o in v.select()}
 
 
+_count = [0]
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory():
+    """Hundreds of OpInfos compile thousands of programs: drop them now and then."""
+    _count[0] += 1
+    if _count[0] % 40 == 0:
+        import jax
+
+        from torchtpu.eager import deferred, executor
+
+        executor.clear_cache()
+        deferred._fused_cache.clear()
+        jax.clear_caches()
+    yield
+
+
 def _check(name, max_samples, warn_improvement):
     r = v.run_opinfo(_OPS[name], [torch.float32, torch.int64], max_samples, backward=True, timeout=120)
     want = EXPECTED.get(name, ("error", "error"))

@@ -399,15 +399,31 @@ def main(argv=None) -> int:
         import concurrent.futures as cf
         import multiprocessing as mp
 
-        with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(_run_named, n, *job): n for n in names}
-            for fut in cf.as_completed(futs):
-                try:
-                    r = fut.result()
-                except Exception as e:  # a worker died (crash in XLA or torch)
-                    r = Result(futs[fut], forward="error", detail=f"worker died: {type(e).__name__}: {e}")
-                results.append(r)
-                prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+        retried = False
+        todo = list(names)
+        while todo:
+            # If a worker dies (a crash, or memory: compiled programs pile up), the OpInfos it
+            # left unfinished run again once in a fresh pool.
+            died = []
+            # (max_tasks_per_child would bound worker memory, but deadlocks on Python 3.11)
+            with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+                futs = {pool.submit(_run_named, n, *job): n for n in todo}
+                for fut in cf.as_completed(futs):
+                    try:
+                        r = fut.result()
+                    except Exception as e:  # a worker died (crash in XLA or torch)
+                        died.append((futs[fut], f"worker died: {type(e).__name__}: {e}"))
+                        continue
+                    results.append(r)
+                    prog.step(r.name, f"fwd {r.forward}, bwd {r.backward}")
+            if died and not retried:
+                retried = True
+                todo = [n for n, _ in died]
+                continue
+            for n, why in died:
+                results.append(Result(n, forward="error", detail=why))
+                prog.step(n, "error (worker died)")
+            todo = []
         results.sort(key=lambda r: names.index(r.name))
     summary = summarize(results)
     print_summary(summary)
