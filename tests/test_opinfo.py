@@ -52,6 +52,9 @@ def _check(name, max_samples, warn_improvement):
         warnings.warn(f"{name} improved to {got} (sweep: {want}); regenerate docs/opinfo.json")
 
 
+# Behind the slow marker for now: on the 2-core CI machine this pass takes ~25 minutes, past
+# make test's 20-minute budget; a lighter "every OpInfo once" subset is the next step (issue 3).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_OPS))
 def test_opinfo_one_sample(name):
     _check(name, 1, warn_improvement=False)
