@@ -89,28 +89,17 @@ class _Flat:
                     ) from None
                 raise
             shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
-            if t.is_complex() and (t.is_conj() or t.is_neg()):
-                # lazy conjugate/negative views: the bit lives on the tensor, not the storage
-                return self._lazy_bits(t, entry, shape, stride, offset, low)
         k = id(entry)
         si = self.entry_index.get(k)
         if si is None:
             si = len(self.entries)
             self.entry_index[k] = si
             self.entries.append(entry)
-        self.leaves.append((si, shape, stride, offset, _T2J[t.dtype]))
-        self.tensors.append(t)
-        return ("T", len(self.leaves) - 1)
-
-    def _lazy_bits(self, t, entry, shape, stride, offset, low):
-        k = id(entry)
-        si = self.entry_index.get(k)
-        if si is None:
-            si = len(self.entries)
-            self.entry_index[k] = si
-            self.entries.append(entry)
-        flags = ("conj" if t.is_conj() else "") + ("neg" if t.is_neg() else "")
-        self.leaves.append((si, shape, stride, offset, to_jax_dtype(t.dtype), flags))
+        leaf = (si, shape, stride, offset, _T2J[t.dtype])
+        if t.is_complex() and (t.is_conj() or t.is_neg()):
+            # lazy conjugate/negative views: the bit lives on the tensor, not the storage
+            leaf += (("conj" if t.is_conj() else "") + ("neg" if t.is_neg() else ""),)
+        self.leaves.append(leaf)
         self.tensors.append(t)
         return ("T", len(self.leaves) - 1)
 

@@ -89,7 +89,6 @@ def _check_devices(name, args, kwargs):
 
 
 def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
-    name = op.name() if hasattr(op, "name") else str(op)
     name = str(op).removeprefix("aten.")
     if not _state["enabled"]:
         raise NotImplementedError(
