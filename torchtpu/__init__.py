@@ -29,6 +29,30 @@ _deferred.install_hooks()
 
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+
+
+def compile_cache_dir(path: "str | _os.PathLike | None") -> None:
+    """Keep compiled XLA executables in `path`: a later process running the same
+    programs (torch.compile graphs and eager ops alike) skips XLA compilation.
+    None turns the cache off. The environment variable TORCHTPU_CACHE_DIR sets it at import."""
+    from .runtime.cache import compile_cache_dir as _set
+
+    _set(path)
+
+
+def dump_stablehlo(fn, *args, path: "str | _os.PathLike | None" = None, **kwargs) -> list[str]:
+    """Compile `fn` with torch.compile(backend="tpu"), run it once on `args`, and return the
+    StableHLO text of each graph that call compiled (also written under `path` if given).
+    The environment variable TORCHTPU_DUMP_STABLEHLO=dir writes every compiled graph."""
+    from .compile import dump_stablehlo as _dump
+
+    return _dump(fn, *args, path=path, **kwargs)
+
+
+if _os.environ.get("TORCHTPU_CACHE_DIR"):
+    compile_cache_dir(_os.environ["TORCHTPU_CACHE_DIR"])
+
 
 def set_eager_mode(mode: str) -> None:
     """Select how eager ops run: "strict" (default; each op is its own compiled
@@ -103,4 +127,6 @@ __all__ = [
     "fallback_enabled",
     "platform",
     "lowered_ops",
+    "compile_cache_dir",
+    "dump_stablehlo",
 ]

@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS: dict[str, str] = {
     "eager": "torchtpu.bench.eager:main",
     "modes": "torchtpu.bench.modes:main",
+    "compile": "torchtpu.bench.compile:main",
 }
 
 

@@ -216,3 +216,29 @@ def _variant(low: Lowering, op, mode: str, mutated: tuple[str, ...]) -> Lowering
         name, low.fn, op, schema_args(op), low.promote, low.promote_args, low.static,
         low.random, mode, mutated, extra={"functional": low},
     )
+
+
+def apply(low: Lowering, args: list, kwargs: dict, key=None):
+    """Run a lowering on JAX values the way every executor does: PyTorch's dtype
+    promotion on the way in, PyTorch's result dtype on the way out, the PRNG key
+    for random ops. `args`/`kwargs` follow the overload's schema."""
+    from . import promotion
+
+    if low.promote is not None:
+        names = [a.name for a in low.args]
+        named = dict(zip(names, args))
+        named.update(kwargs)
+        present = [n for n in low.promote_args if named.get(n) is not None]
+        cast, res_dtype = promotion.promote(low.promote, *[named[n] for n in present])
+        args = list(args)
+        for n, v in zip(present, cast):
+            if n in kwargs:
+                kwargs[n] = v
+            else:
+                args[names.index(n)] = v
+    if low.random:
+        kwargs["key"] = key
+    result = low.fn(*args, **kwargs)
+    if low.promote is not None and result is not None and not isinstance(result, (tuple, list)):
+        result = result.astype(res_dtype)
+    return result

@@ -1,0 +1,252 @@
+"""torch.compile(backend="tpu"): results against CPU eager PyTorch."""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchtpu
+from torchtpu.bench.compile import SmallResNet
+from torchtpu.bench.models import TinyGPT
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def tpu(x):
+    return x.to("tpu")
+
+
+def close(a, b, **kw):
+    torch.testing.assert_close(a.cpu() if isinstance(a, torch.Tensor) else a, b, **kw)
+
+
+def test_backend_is_registered_by_name():
+    from torch._dynamo import list_backends
+
+    assert "tpu" in list_backends(exclude_tags=())
+    f = torch.compile(lambda x: x * 2 + 1, backend="tpu")
+    x = torch.randn(3)
+    close(f(tpu(x)), x * 2 + 1)
+
+
+def test_mlp_forward_backward_matches_cpu(no_fallback):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    mt = copy.deepcopy(m).to("tpu")
+    x = torch.randn(5, 8)
+    y = torch.compile(mt, backend="tpu")(tpu(x))
+    yc = m(x)
+    close(y, yc, atol=1e-5, rtol=1e-5)
+    y.square().sum().backward()
+    yc.square().sum().backward()
+    for p, q in zip(mt.parameters(), m.parameters()):
+        close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
+def _train(model, batch, crit, steps, device, compiled):
+    model = copy.deepcopy(model).to(device)
+    x, y = (t.to(device) for t in batch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def forward_loss(x, y):
+        return crit(model(x), y)
+
+    step = opt.step
+    if compiled:
+        forward_loss = torch.compile(forward_loss, backend="tpu")
+        step = torch.compile(opt.step, backend="tpu")
+    losses = []
+    for _ in range(steps):
+        loss = forward_loss(x, y)
+        loss.backward()
+        step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def test_gpt_training_with_compiled_adamw_matches_cpu(no_fallback):
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=32, layers=2, heads=2, max_len=16)
+    batch = (torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
+
+    def crit(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    ref, mc = _train(model, batch, crit, 4, "cpu", False)
+    got, mt = _train(model, batch, crit, 4, "tpu", True)
+    # step counts live on the CPU: the compiled optimizer must write them back, or the
+    # bias correction would drift from step 2 on
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(mt.named_parameters(), mc.parameters()):
+        if name.endswith("qkv.bias"):
+            # the key bias has an exactly-zero true gradient (softmax ignores a constant
+            # shift); Adam scales its rounding noise up to +-lr, on CPU and tpu alike
+            continue
+        close(p, q, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_resnet_batchnorm_training_matches_cpu(no_fallback):
+    torch.manual_seed(0)
+    model = SmallResNet()
+    batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
+    ref, mc = _train(model, batch, F.cross_entropy, 2, "cpu", False)
+    got, mt = _train(model, batch, F.cross_entropy, 2, "tpu", True)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    # running statistics are input mutations of the compiled forward
+    for (name, b), c in zip(mt.named_buffers(), mc.buffers()):
+        close(b, c, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_graph_break_runs_the_rest_eagerly():
+    def f(x):
+        y = x.sin() * 2
+        torch._dynamo.graph_break()
+        return y.cos() + x.sum()
+
+    torchtpu.reset_metrics()
+    x = torch.randn(4, 3)
+    close(torch.compile(f, backend="tpu")(tpu(x)), f(x))
+    assert torchtpu.metrics()["dynamo_graphs"] == 2
+
+
+def test_input_mutation_is_written_back():
+    def f(a, b):
+        a.add_(b)
+        a[0].mul_(3)
+        return a.sum()
+
+    a, b = torch.randn(3, 4), torch.randn(4)
+    at = tpu(a)
+    r = torch.compile(f, backend="tpu")(at, tpu(b))
+    rc = f(a, b)
+    close(r, rc)
+    close(at, a)
+
+
+def test_mutation_of_a_view_input_updates_its_base():
+    def f(v):
+        v.mul_(2)
+        return v + 1
+
+    base = torch.randn(4, 6)
+    bt = tpu(base)
+    out = torch.compile(f, backend="tpu")(bt[:, 1:4])
+    outc = f(base[:, 1:4])
+    close(out, outc)
+    close(bt, base)
+
+
+def test_shape_change_recompiles_once_per_shape():
+    def f(x):
+        return (x * x).sum(0)
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    torchtpu.reset_metrics()
+    for n in (3, 5, 3, 5, 7):
+        x = torch.randn(n, 4)
+        close(g(tpu(x)), f(x))
+    assert torchtpu.metrics()["compile_graphs"] == 3
+
+
+def test_mark_dynamic_works_with_one_program_per_shape():
+    def f(x):
+        return x.softmax(-1) * x.shape[0]
+
+    g = torch.compile(f, backend="tpu")
+    torchtpu.reset_metrics()
+    for n in (4, 6, 4):
+        x = torch.randn(n, 3)
+        xt = tpu(x)
+        torch._dynamo.mark_dynamic(xt, 0)
+        close(g(xt), f(x))
+    m = torchtpu.metrics()
+    assert m["dynamo_graphs"] == 1  # one symbolic graph from Dynamo
+    assert m["compile_graphs"] == 2  # one XLA program per concrete shape
+
+
+def test_dropout_is_random_but_seeded():
+    def f(x):
+        return F.dropout(x, 0.5, training=True)
+
+    g = torch.compile(f, backend="tpu")
+    x = tpu(torch.ones(64, 64))
+    torch.manual_seed(1)
+    a = g(x).cpu()
+    b = g(x).cpu()
+    torch.manual_seed(1)
+    c = g(x).cpu()
+    assert not torch.equal(a, b)
+    torch.testing.assert_close(a, c)
+    assert set(a.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_cpu_tensors_in_and_out_of_the_graph():
+    def f(x, s):
+        return (x * s).cpu() + 1, x.sum()
+
+    x = torch.randn(3)
+    out_cpu, out_tpu = torch.compile(f, backend="tpu")(tpu(x), torch.tensor(2.0))
+    assert out_cpu.device.type == "cpu" and out_tpu.device.type == "tpu"
+    close(out_cpu, x * 2 + 1)
+    close(out_tpu, x.sum())
+
+
+def test_boolean_mask_index_in_graph():
+    def f(x):
+        return x[x > 0].sum() + x[:, torch.tensor([0, 2])].sum()
+
+    x = torch.randn(5, 4)
+    close(torch.compile(f, backend="tpu")(tpu(x)), f(x))
+
+
+def test_no_lowering_raises_naming_the_overload_when_fallback_is_off():
+    def f(x):
+        return torch.ops.aten._fft_c2c(x, [0], 0, True)
+
+    from torchtpu.ops.registry import LOWERINGS
+
+    saved = LOWERINGS.pop("_fft_c2c")
+    try:
+        torchtpu.set_fallback(False)
+        x = tpu(torch.randn(4, dtype=torch.complex64))
+        with pytest.raises(Exception, match="_fft_c2c"):
+            torch.compile(f, backend="tpu")(x)
+        torchtpu.set_fallback(True)
+        torch._dynamo.reset()
+        torchtpu.reset_metrics()
+        close(torch.compile(f, backend="tpu")(x), f(x.cpu()))
+        assert torchtpu.metrics()["fallback_ops"] == {"_fft_c2c": 1}
+    finally:
+        LOWERINGS["_fft_c2c"] = saved
+        torchtpu.set_fallback(True)
+
+
+def test_dump_stablehlo(tmp_path):
+    texts = torchtpu.dump_stablehlo(lambda x: x.sin() + 1, tpu(torch.randn(3)), path=tmp_path)
+    assert len(texts) == 1 and "stablehlo.sine" in texts[0]
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_persistent_cache_fills_and_a_second_process_uses_it(tmp_path):
+    code = (
+        "import json, torch, torchtpu\n"
+        "f = torch.compile(lambda x: (x @ x.T).relu().sum(), backend='tpu')\n"
+        "print(json.dumps({'y': f(torch.ones(8, 8, device='tpu')).item()}))\n"
+    )
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout.strip().splitlines()[-1])["y"] == 512.0
+    assert any(tmp_path.iterdir())

@@ -1,0 +1,206 @@
+"""torch.compile(backend="tpu") against the same model written in JAX, torch CPU eager
+and Inductor on the CPU, plus cold vs warm start with the persistent compilation cache.
+
+    python -m torchtpu.bench compile [--steps N] [--no-inductor] [--models gpt resnet]
+
+One training step = forward, cross-entropy loss, backward, AdamW. The compiled rows compile
+forward+loss (backward comes with it through aot_autograd) and the optimizer step
+(torch.compile(opt.step)); the JAX row is one jax.jit
+of the whole step, from the same initial weights. Times are medians after warm-up;
+ratios are against JAX from the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .models import TinyGPT
+
+
+class _Residual(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(x + self.bn2(self.conv2(y)))
+
+
+class SmallResNet(nn.Module):
+    """A ResNet-style CNN: stem, residual block, strided downsample, residual block, head."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.block1 = _Residual(16)
+        self.down = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32),
+                                  nn.ReLU())
+        self.block2 = _Residual(32)
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        x = self.block2(self.down(self.block1(self.stem(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def _setup(name: str):
+    """(model, batch, jax loss fn) for a benchmark model, from seed 0."""
+    from . import jax_reference as jr
+
+    torch.manual_seed(0)
+    if name == "gpt":
+        model = TinyGPT(vocab=256, d=128, layers=2, heads=4, max_len=64)
+        x = torch.randint(0, 256, (8, 64))
+        y = torch.randint(0, 256, (8, 64))
+
+        def loss_fn(p, bufs, idx, tgt):
+            return jr.gpt_loss(p, idx, tgt, layers=2, heads=4)
+
+        return model, (x, y), loss_fn, lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())
+    model = SmallResNet()
+    x = torch.randn(16, 3, 32, 32)
+    y = torch.randint(0, 10, (16,))
+    return model, (x, y), jr.resnet_loss, F.cross_entropy
+
+
+def _torch_loop(model, batch, crit, steps, device, backend=None):
+    """Per-step seconds and losses of a PyTorch training loop (optionally torch.compile'd)."""
+    model = copy.deepcopy(model).to(device)
+    x, y = (t.to(device) for t in batch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def forward_loss(x, y):
+        return crit(model(x), y)
+
+    opt_step = opt.step
+    if backend is not None:
+        # the loss is part of the compiled forward, as in a compiled training step
+        forward_loss = torch.compile(forward_loss, backend=backend)
+        opt_step = torch.compile(opt.step, backend=backend)
+    times, losses = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = forward_loss(x, y)
+        loss.backward()
+        opt_step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # a host read each step: the loop is synchronous
+        times.append(time.perf_counter() - t0)
+    return times, losses
+
+
+def _jax_loop(model, batch, loss_fn, steps):
+    import jax
+
+    from . import jax_reference as jr
+
+    p, bufs = jr.params_of(model)
+    state = jr.adamw_init(p)
+    step = jr.make_step(loss_fn)
+    x, y = (jr.to_jax(t) for t in batch)
+    times, losses = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        p, bufs, state, loss = step(p, bufs, state, x, y)
+        losses.append(float(jax.device_get(loss)))
+        times.append(time.perf_counter() - t0)
+    return times, losses
+
+
+def _steady(times, warm: int) -> float:
+    return statistics.median(times[warm:]) * 1e3
+
+
+def _first_step(model_name: str, cache: str) -> dict:
+    """In a fresh process: seconds of the first compiled step and of XLA compilation."""
+    code = (
+        "import json, sys, time, torch, torchtpu\n"
+        f"torchtpu.compile_cache_dir({cache!r})\n"
+        "from torchtpu.bench.compile import _setup, _torch_loop\n"
+        f"m, b, _, crit = _setup({model_name!r})\n"
+        "torchtpu.reset_metrics()\n"
+        "t, _ = _torch_loop(m, b, crit, 1, 'tpu', backend='tpu')\n"
+        "print(json.dumps({'first_step_s': t[0], 'xla_compile_s': torchtpu.metrics().get('compile_ms', 0) / 1e3}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m torchtpu.bench compile")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--models", nargs="*", default=["gpt", "resnet"], choices=["gpt", "resnet"])
+    ap.add_argument("--no-inductor", action="store_true", help="skip torch.compile with Inductor on the CPU")
+    ap.add_argument("--no-cache", action="store_true", help="skip the cold/warm persistent-cache measurement")
+    args = ap.parse_args(argv)
+    import torchtpu
+
+    rows = []
+    starts = []
+    total = len(args.models) * (4 - args.no_inductor)
+    done = 0
+    for name in args.models:
+        model, batch, loss_fn, crit = _setup(name)
+        runs = {}
+        variants = [("torch cpu eager", lambda: _torch_loop(model, batch, crit, args.steps, "cpu"))]
+        if not args.no_inductor:
+            variants.append(("torch.compile inductor cpu",
+                             lambda: _torch_loop(model, batch, crit, args.steps, "cpu", backend="inductor")))
+        variants.append(("jax.jit", lambda: _jax_loop(model, batch, loss_fn, args.steps)))
+        variants.append(("torchtpu compile", lambda: _torch_loop(model, batch, crit, args.steps, "tpu",
+                                                                   backend="tpu")))
+        for label, run in variants:
+            done += 1
+            print(f"[{done}/{total}] {name}: {label} ...", flush=True)
+            if label == "torchtpu compile":
+                torchtpu.reset_metrics()
+            runs[label] = run()
+            if label == "torchtpu compile":
+                m = torchtpu.metrics()
+                fallbacks = m["cpu_fallbacks"]
+                graphs = m.get("compile_graphs", 0)
+        ref_losses = runs["torch cpu eager"][1]
+        base = _steady(runs["jax.jit"][0], args.warmup)
+        for label, (times, losses) in runs.items():
+            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
+            rows.append((name, label, _steady(times, args.warmup), _steady(times, args.warmup) / base, diff,
+                         graphs if label == "torchtpu compile" else "", fallbacks if label == "torchtpu compile" else ""))
+        if not args.no_cache:
+            with tempfile.TemporaryDirectory() as cache:
+                print(f"{name}: first compiled step in fresh processes (cold cache, then warm) ...", flush=True)
+                cold = _first_step(name, cache)
+                warm = _first_step(name, cache)
+            starts.append((name, cold, warm))
+
+    print()
+    print(f"{'model':8} {'run':28} {'ms/step':>9} {'vs jax':>7} {'max rel loss diff vs cpu':>25} {'graphs':>7} {'fallbacks':>9}")
+    for name, label, ms, ratio, diff, graphs, fb in rows:
+        print(f"{name:8} {label:28} {ms:9.2f} {ratio:7.2f} {diff:25.2e} {graphs!s:>7} {fb!s:>9}")
+    print(f"({args.steps} steps, median after {args.warmup} warm-up steps; loss diff over all steps)")
+    if starts:
+        print()
+        print(f"{'model':8} {'first step cold s':>18} {'warm s':>8} {'warm/cold':>10} {'jit compile cold s':>19} {'warm s':>8} {'warm/cold':>10}")
+        for name, cold, warm in starts:
+            print(f"{name:8} {cold['first_step_s']:18.2f} {warm['first_step_s']:8.2f} "
+                  f"{warm['first_step_s'] / cold['first_step_s']:10.2f} {cold['xla_compile_s']:19.2f} "
+                  f"{warm['xla_compile_s']:8.2f} {warm['xla_compile_s'] / max(cold['xla_compile_s'], 1e-9):10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

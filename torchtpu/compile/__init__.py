@@ -1,0 +1,88 @@
+"""torch.compile(model, backend="tpu"): Dynamo graphs through aot_autograd to one jax.jit each.
+
+Dynamo captures the Python; aot_autograd functionalizes it and splits forward
+from backward; each ATen graph then runs as a single JAX function built from the
+same lowering table as eager, jitted per input signature. Graph breaks run in
+whatever eager mode is active.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+from ..metrics import bump
+from . import decomps
+from .runtime import CompiledGraph, _dumping
+
+_counter = {"graphs": 0}
+
+
+def _skip_our_frames() -> None:
+    """Keep Dynamo out of torchtpu and JAX. After a graph break the rest of the user's
+    function runs eagerly under Dynamo's frame hook, and our Python kernels run inside
+    it; Dynamo would otherwise try to trace them (and the JAX calls they make)."""
+    from torch._dynamo import trace_rules
+
+    # not torchtpu as a whole: its benchmark models are user code Dynamo must trace
+    for name in ("torchtpu.eager", "torchtpu.ops", "torchtpu.runtime", "torchtpu.compile",
+                 "torchtpu.device", "torchtpu.metrics", "jax", "jaxlib"):
+        trace_rules.add(name)
+
+
+_skip_our_frames()
+
+
+def _compiler(label: str):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
+        _counter["graphs"] += 1
+        return CompiledGraph(gm, f"{label}{_counter['graphs']}")
+
+    return compile_graph
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
+    """The Dynamo backend registered as "tpu"."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    bump("dynamo_graphs")
+    inner = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=decomps.table(),
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
+    )
+    return inner(gm, example_inputs, **kwargs)
+
+
+def register() -> None:
+    """Make backend="tpu" known to Dynamo (also reachable through the
+    torch_dynamo_backends entry point when the package is installed)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "tpu" not in _BACKENDS or _BACKENDS["tpu"] is not backend:
+        _BACKENDS.pop("tpu", None)
+        register_backend(name="tpu")(backend)
+
+
+def dump_stablehlo(fn: Callable, *args, path: str | os.PathLike | None = None, **kwargs) -> list[str]:
+    """Compile `fn` with the tpu backend, run it once on `args`, and return the
+    StableHLO text of every graph compiled by that call (also written to `path`
+    if given; env TORCHTPU_DUMP_STABLEHLO=dir dumps every compiled graph)."""
+    sink: list = []
+    _dumping.append(sink)
+    try:
+        compiled = torch.compile(fn, backend=backend)
+        compiled(*args, **kwargs)
+    finally:
+        _dumping.remove(sink)
+    if path is not None:
+        os.makedirs(path, exist_ok=True)
+        for i, (label, text) in enumerate(sink):
+            with open(os.path.join(os.fspath(path), f"{i:04d}_{label}.stablehlo.mlir"), "w") as f:
+                f.write(text)
+    return [text for _, text in sink]

@@ -1,0 +1,371 @@
+"""An aot_autograd graph of ATen ops, run as one function on JAX values.
+
+Every ATen node is served by the same lowering table as eager execution
+(`registry.apply`), so an op behaves identically compiled or not. What the
+table does not hold is handled here by kind:
+
+- view ops: their geometry comes from running the op on a contiguous meta
+  tensor of the input's shape, then a strided read of the input's values;
+  intermediate values are dense, so a view is always a read of a dense array;
+- `copy_` onto a graph input: the input's new value (aot_autograd keeps
+  input mutations in inference graphs), written back by the caller;
+- `_to_copy`, the `empty` family, `sym_size`/`sym_stride` (dynamic shapes
+  arrive as concrete Python ints: every shape compiles its own program);
+- anything else runs on the CPU through `jax.pure_callback`, counted as a CPU
+  fallback, or raises NotImplementedError naming the overload when fallbacks
+  are off.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax._src.lax.lax import _convert_element_type
+
+from ..metrics import fallback as count_fallback
+from ..eager import fallback as eager_fallback
+from ..ops import registry
+from ..runtime import geometry, rng
+from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+
+aten = torch.ops.aten
+
+
+def overload_name(op: torch._ops.OpOverload) -> str:
+    base = op._schema.name.split("::")[1]
+    return base if op._overloadname == "default" else f"{base}.{op._overloadname}"
+
+
+def _weak(v):
+    """A Python number as the weakly typed 0-d value eager lowerings receive."""
+    if isinstance(v, bool):
+        return jnp.asarray(v)
+    dt = np.int64 if isinstance(v, int) else np.complex128 if isinstance(v, complex) else np.float64
+    return _convert_element_type(jnp.asarray(v, dt), weak_type=True)
+
+
+def is_view(op: torch._ops.OpOverload) -> bool:
+    rets = op._schema.returns
+    if not rets:
+        return False
+    info = rets[0].alias_info
+    return info is not None and not info.is_write
+
+
+def _meta_of(node_or_val):
+    v = node_or_val.meta.get("val") if isinstance(node_or_val, torch.fx.Node) else node_or_val
+    return v
+
+
+class Unsupported(NotImplementedError):
+    pass
+
+
+class Program:
+    """The graph as a traceable function: (input values, rng data) -> (outputs, {input index: new value})."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.n_random = 0
+        self.fallback_ops: list[str] = []
+        self.constants = {
+            n.target: _constant(getattr(gm, n.target)) for n in self.nodes if n.op == "get_attr"
+        }
+        for n in self.nodes:
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+                low = registry.LOWERINGS.get(overload_name(n.target))
+                if low is not None and low.random:
+                    self.n_random += 1
+                elif low is None and self._special(n) is None and not is_view(n.target):
+                    name = overload_name(n.target)
+                    if not eager_fallback.enabled():
+                        raise NotImplementedError(
+                            f"torchtpu compile: no lowering for aten::{name} "
+                            f"(CPU fallback is disabled; see torchtpu.set_fallback)"
+                        )
+                    self.fallback_ops.append(name)
+
+    def _special(self, node):
+        return SPECIAL.get(node.target)
+
+    def __call__(self, inputs, rngdata):
+        env: dict = {}
+        index = {n: i for i, n in enumerate(self.placeholders)}
+        mutated: dict[int, jax.Array] = {}
+        base_key = rng.key(*rngdata) if self.n_random else None
+        n_random = 0
+        result = None
+        for node in self.nodes:
+            if node.op == "placeholder":
+                env[node] = inputs[index[node]]
+            elif node.op == "call_function":
+                args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+                kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+                target = node.target
+                if not isinstance(target, torch._ops.OpOverload):
+                    # operator.getitem, operator.mul on SymInts, torch.sym_* ...
+                    env[node] = target(*args, **kwargs)
+                    continue
+                if target is aten.copy_.default and node.args[0] in index:
+                    dst = args[0]
+                    src = jnp.asarray(args[1])
+                    if src.dtype.kind == "c" and dst.dtype.kind != "c":
+                        src = jnp.real(src)
+                    new = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
+                    mutated[index[node.args[0]]] = new
+                    env[node] = new
+                    continue
+                key = None
+                low = registry.LOWERINGS.get(overload_name(target))
+                if low is not None and low.random:
+                    key = jax.random.fold_in(base_key, n_random)
+                    n_random += 1
+                env[node] = self._run(node, target, low, args, kwargs, key)
+            elif node.op == "output":
+                result = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+            elif node.op == "get_attr":
+                env[node] = self.constants[node.target]
+        return result, mutated
+
+    def _run(self, node, target, low, args, kwargs, key):
+        if low is not None and low.mode == "functional":
+            return registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), key)
+        special = SPECIAL.get(target)
+        if special is not None:
+            return special(node, *args, **kwargs)
+        if is_view(target):
+            return _view(node, target, args, kwargs)
+        if low is not None:
+            # an in-place-only overload (normal_, random_) left in a functional graph: its value
+            return registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), key)
+        return _cpu_callback(node, target, args, kwargs)
+
+
+def _constant(value):
+    """A tensor captured in the graph (torch.tensor([...]) in user code) as a JAX constant."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from ..runtime import transfer
+    from ..runtime.jaxenv import torch_to_numpy
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    with unset_fake_temporarily():  # the compiler runs under aot_autograd's fake mode
+        if value.device.type == "tpu":
+            return transfer.value(value)
+        return jnp.asarray(torch_to_numpy(value))
+
+
+def _scalars_in(low, args):
+    out = list(args)
+    infos = low.args
+    for i, v in enumerate(out):
+        if i < len(infos):
+            out[i] = _scalar_arg(low, infos[i], v)
+    return out
+
+
+def _scalars_in_kw(low, kwargs):
+    infos = {a.name: a for a in low.args}
+    return {k: _scalar_arg(low, infos[k], v) if k in infos else v for k, v in kwargs.items()}
+
+
+def _scalar_arg(low, info, v):
+    if info.name in low.static:
+        return v
+    if info.kind in ("scalar", "tensor") and isinstance(v, (bool, int, float, complex)):
+        return _weak(v)
+    if info.kind == "scalar_list" and isinstance(v, (list, tuple)):
+        return [_weak(x) if isinstance(x, (bool, int, float, complex)) else x for x in v]
+    return v
+
+
+# ---- views -----------------------------------------------------------------------------
+
+def _meta_like(x) -> torch.Tensor:
+    return torch.empty(tuple(x.shape), dtype=to_torch_dtype(x.dtype), device="meta")
+
+
+def _view(node, target, args, kwargs):
+    """A view of a dense value: the op's geometry on a contiguous meta tensor, then a read."""
+    x = args[0]
+    if target in (aten.as_strided.default,):
+        return _as_strided(node, x, *args[1:], **kwargs)
+    margs = [_meta_like(a) if isinstance(a, jax.Array) or hasattr(a, "aval") else a for a in args]
+    margs = [_meta_like(a) if isinstance(a, jax.core.Tracer) else a for a in margs]
+    out = target(*margs, **kwargs)
+    flat = jnp.asarray(x).reshape(-1)
+
+    def read(m):
+        return geometry.read(flat, tuple(m.shape), m.stride(), m.storage_offset(), to_jax_dtype(m.dtype))
+
+    if isinstance(out, (list, tuple)):
+        return [read(m) for m in out]
+    return read(out)
+
+
+def _as_strided(node, x, size, stride, storage_offset=None):
+    """as_strided addresses storage, so lay the value out as the traced tensor was laid out."""
+    fake = _meta_of(node.args[0])
+    base_offset = fake.storage_offset()
+    if geometry.is_contiguous(tuple(fake.shape), fake.stride()):
+        flat = jnp.asarray(x).reshape(-1)
+        span = flat.shape[0]
+    else:
+        span = max(
+            [base_offset + 1]
+            + [base_offset + sum((s - 1) * st for s, st in zip(fake.shape, fake.stride())) + 1]
+        )
+        flat = geometry.write(jnp.zeros((span,), x.dtype), x, tuple(fake.shape), fake.stride(), base_offset)
+        base_offset = 0
+    off = (storage_offset if storage_offset is not None else fake.storage_offset()) - (
+        fake.storage_offset() - base_offset
+    )
+    return geometry.read(flat, tuple(size), tuple(stride), off, x.dtype)
+
+
+# ---- ops handled by the compiler itself -----------------------------------------------------
+
+def _to_copy(node, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    x = jnp.asarray(x)
+    if dtype is not None:
+        dt = to_jax_dtype(dtype)
+        if x.dtype.kind == "c" and dt.kind != "c":
+            x = jnp.real(x)
+        x = x.astype(dt)
+    return x
+
+
+def _empty(node, *args, **kwargs):
+    # Uninitialized memory may hold anything; zeros keep results deterministic.
+    val = _meta_of(node)
+    return jnp.zeros(tuple(val.shape), to_jax_dtype(val.dtype))
+
+
+def _full_like(node, x, fill_value, **kwargs):
+    val = _meta_of(node)
+    return jnp.full(tuple(val.shape), fill_value, to_jax_dtype(val.dtype))
+
+
+def _index(node, x, indices):
+    """x[indices] with static shapes: a boolean mask's true count comes from the traced shape."""
+    from ..ops import indexing
+
+    out = []
+    pos = 0
+    masks = [a for a in indices if a is not None and a.dtype in (jnp.bool_, jnp.uint8)]
+    if masks:
+        advanced = [i for i, a in enumerate(indices) if a is not None]
+        adjacent = advanced == list(range(advanced[0], advanced[-1] + 1))
+        start = advanced[0] if adjacent else 0
+        nnz = _meta_of(node).shape[start]
+    for a in indices:
+        if a is not None and a.dtype in (jnp.bool_, jnp.uint8):
+            out.extend(jnp.nonzero(a.astype(jnp.bool_), size=nnz, fill_value=0))
+            pos += a.ndim
+        else:
+            out.append(a)
+            pos += 1
+    return indexing._index_low.fn(x, out)
+
+
+def _index_put(node, x, indices, values, accumulate=False):
+    from ..ops import indexing
+
+    return indexing._index_put_fn(x, list(indices), jnp.asarray(values), accumulate)
+
+
+def _sym_size(node, x, dim):
+    return x.shape[dim]
+
+
+def _sym_stride(node, x, dim):
+    return geometry.contiguous_strides(x.shape)[dim]
+
+
+def _sym_numel(node, x):
+    return math.prod(x.shape)
+
+
+def _passthrough(node, x, *args, **kwargs):
+    return x
+
+
+def _copy(node, dst, src, non_blocking=False):
+    src = jnp.asarray(src)
+    if src.dtype.kind == "c" and dst.dtype.kind != "c":
+        src = jnp.real(src)
+    return jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
+
+
+def _rng_factory(node, *args, **kwargs):
+    raise Unsupported(f"torchtpu compile: {node.target} reached the compiler without a lowering")
+
+
+SPECIAL = {
+    aten._to_copy.default: _to_copy,
+    aten.empty.memory_format: _empty,
+    aten.empty_strided.default: _empty,
+    aten.new_empty.default: _empty,
+    aten.new_empty_strided.default: _empty,
+    aten.empty_like.default: _empty,
+    aten.full_like.default: _full_like,
+    aten.index.Tensor: _index,
+    aten.index_put.default: _index_put,
+    aten.sym_size.int: _sym_size,
+    aten.sym_stride.int: _sym_stride,
+    aten.sym_numel.default: _sym_numel,
+    aten.sym_storage_offset.default: lambda node, x: 0,
+    aten.copy_.default: _copy,
+    aten._assert_tensor_metadata.default: lambda node, *a, **k: None,
+    aten._assert_scalar.default: lambda node, *a, **k: None,
+    aten.detach.default: _passthrough,
+    aten.alias.default: _passthrough,
+    aten.lift_fresh.default: _passthrough,
+    aten.contiguous.default: _passthrough,
+}
+
+
+# ---- CPU fallback inside a compiled program ------------------------------------------------
+
+def _cpu_callback(node, target, args, kwargs):
+    """Run the op on the CPU from inside the program (jax.pure_callback), counted."""
+    name = overload_name(target)
+    val = _meta_of(node)
+    flat_out, out_tree = torch.utils._pytree.tree_flatten(val)
+    shapes = [
+        jax.ShapeDtypeStruct(tuple(v.shape), to_jax_dtype(v.dtype)) for v in flat_out
+        if isinstance(v, torch.Tensor)
+    ]
+    leaves, in_tree = torch.utils._pytree.tree_flatten((args, kwargs))
+    arr_pos = [i for i, v in enumerate(leaves) if isinstance(v, jax.Array) or isinstance(v, jax.core.Tracer)]
+
+    def host(*arrays):
+        from ..runtime.jaxenv import numpy_to_torch, torch_to_numpy
+
+        count_fallback(name)
+        vals = list(leaves)
+        for p, a in zip(arr_pos, arrays):
+            vals[p] = numpy_to_torch(np.asarray(a))
+        a2, k2 = torch.utils._pytree.tree_unflatten(vals, in_tree)
+        a2 = torch.utils._pytree.tree_map(
+            lambda v: v.to("cpu") if isinstance(v, torch.device) else v, a2)
+        k2 = {k: (torch.device("cpu") if isinstance(v, torch.device) else v) for k, v in k2.items()}
+        out = target(*a2, **k2)
+        outs = [o for o in torch.utils._pytree.tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        return tuple(torch_to_numpy(o.detach()) for o in outs)
+
+    res = jax.pure_callback(host, tuple(shapes), *[leaves[p] for p in arr_pos])
+    it = iter(res)
+    rebuilt = [next(it) if isinstance(v, torch.Tensor) else v for v in flat_out]
+    return torch.utils._pytree.tree_unflatten(rebuilt, out_tree)
+
+
+_ = operator  # getitem and SymInt arithmetic arrive as plain Python callables

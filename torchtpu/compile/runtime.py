@@ -1,0 +1,203 @@
+"""Calling a compiled graph with real tensors.
+
+Inputs go in as their storages' flat buffers; each input's view is read inside
+the program, so parameters and optimizer state never leave the device and
+never take an extra dispatch. One jax.jit per graph, specialized per input
+signature (shapes, layouts, dtypes, values of SymInt inputs): a new shape
+compiles once and is counted in torchtpu.metrics() like any compile.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..metrics import bump
+from ..runtime import geometry, rng, storage, tensors, transfer
+from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
+from . import graph as _graph
+
+_NUMBERS = (bool, int, float)
+
+
+class _Input:
+    """How one graph input reaches the program."""
+
+    __slots__ = ("kind", "spec")
+
+    def __init__(self, kind, spec):
+        self.kind = kind  # "tpu" | "cpu" | "number" | "none"
+        self.spec = spec
+
+
+def _signature(args):
+    sig = []
+    bufs = []
+    entries = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "cpu":
+                arr = jnp.asarray(torch_to_numpy(a))
+                bump("transfers_to_device")
+                sig.append(("cpu", tuple(a.shape), TORCH_TO_JAX[a.dtype]))
+                bufs.append(arr)
+                entries.append(None)
+                continue
+            entry = storage.lookup(a)
+            flag = ""
+            if a.is_complex() and (a.is_conj() or a.is_neg()):
+                flag = ("conj" if a.is_conj() else "") + ("neg" if a.is_neg() else "")
+            sig.append(("tpu", entry.numel, entry.dtype, tuple(a.shape), a.stride(), a.storage_offset(),
+                        TORCH_TO_JAX[a.dtype], flag))
+            bufs.append(transfer.buffer(entry))
+            entries.append(entry)
+        elif a is None:
+            sig.append(("none",))
+            bufs.append(None)
+            entries.append(None)
+        elif isinstance(a, _NUMBERS) or isinstance(a, torch.SymInt):
+            sig.append(("number", a))
+            bufs.append(None)
+            entries.append(None)
+        else:
+            raise TypeError(f"torchtpu compile: unsupported graph input of type {type(a).__name__}")
+    return tuple(sig), bufs, entries
+
+
+class CompiledGraph:
+    """An aot_autograd graph made callable on tpu tensors (boxed calling convention)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, label: str):
+        # an instance attribute: aot_autograd's wrappers copy __dict__, not class attributes
+        self._boxed_call = True
+        self.program = _graph.Program(gm)
+        self.label = label
+        out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        self.out_vals = [
+            n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in out_node.args[0]
+        ]
+        self._jits: dict = {}
+        self._lock = threading.Lock()
+        self.hlo_texts: list[str] = []
+
+    def _make(self, sig):
+        """The jitted program for one input signature, and what its trace learns
+        (output shapes, which CPU inputs it mutates), filled in on first call."""
+        program = self.program
+        learned = {}
+
+        def run(bufs, rngdata):
+            inputs = []
+            for s, b in zip(sig, bufs):
+                if s[0] == "tpu":
+                    _, numel, bdt, shape, stride, offset, dt, flag = s
+                    x = geometry.read(b, shape, stride, offset, dt)
+                    if "conj" in flag:
+                        x = jnp.conj(x)
+                    if "neg" in flag:
+                        x = -x
+                    inputs.append(x)
+                elif s[0] == "cpu":
+                    inputs.append(b)
+                elif s[0] == "number":
+                    inputs.append(s[1])
+                else:
+                    inputs.append(None)
+            outs, mutated = program(inputs, rngdata)
+            # the new contents of each mutated input's storage
+            written = {}
+            host = []
+            for i, new in sorted(mutated.items()):
+                s = sig[i]
+                if s[0] == "cpu":
+                    host.append((i, new))
+                    continue
+                _, numel, bdt, shape, stride, offset, dt, flag = s
+                base = written.get(i, bufs[i])
+                written[i] = geometry.write(base, new.astype(dt), shape, stride, offset)
+            # CPU inputs mutated in the graph (an optimizer's step counts) come back as one
+            # array, so writing them back costs one transfer, not one per tensor
+            packed = jnp.concatenate([v.reshape(-1).astype(jnp.float64 if v.dtype.kind != "c" else jnp.complex128)
+                                      for _, v in host]) if host else None
+            learned["host"] = [(i, tuple(v.shape), v.size) for i, v in host]
+            # outputs leave flat: a reshape outside the program would be a dispatch of its own
+            outs = [None if o is None else jnp.asarray(o) for o in outs]
+            learned["shapes"] = [None if o is None else tuple(o.shape) for o in outs]
+            return [None if o is None else o.reshape(-1) for o in outs], written, packed
+
+        return jax.jit(run), learned
+
+    def __call__(self, args):
+        args = list(args)
+        sig, bufs, entries = _signature(args)
+        got = self._jits.get(sig)
+        if got is None:
+            with self._lock:
+                got = self._jits.get(sig)
+                if got is None:
+                    got = self._jits[sig] = self._make(sig)
+                    fn = got[0]
+                    bump("compiles")
+                    bump("compile_graphs")
+                    _maybe_dump(self, fn, bufs, sig)
+        else:
+            bump("cache_hits")
+        fn, learned = got
+        rngdata = rng.next_key_data() if self.program.n_random else ()
+        t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
+        outs, written, packed = fn(bufs, rngdata)
+        if t0 is not None:
+            fn._warm = True
+            bump("compile_ms", int((time.perf_counter() - t0) * 1000))
+        bump("executions")
+        for i, new in written.items():
+            entries[i].buf = new
+        if packed is not None:
+            _write_host(args, learned["host"], packed)
+        results = []
+        for val, o, shape in zip(self.out_vals, outs, learned["shapes"]):
+            if isinstance(val, torch.Tensor):
+                if val.device.type == "cpu":
+                    results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
+                    bump("transfers_to_host")
+                else:
+                    results.append(tensors.empty(shape, to_torch_dtype(o.dtype), o))
+            elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or isinstance(val, _NUMBERS):
+                results.append(None if o is None else o.reshape(()).item())
+            else:
+                results.append(None)
+        args.clear()
+        return results
+
+
+def _write_host(args, host, packed) -> None:
+    values = numpy_to_torch(jax.device_get(packed))
+    bump("transfers_to_host")
+    pos = 0
+    for i, shape, n in host:
+        args[i].copy_(values[pos:pos + n].reshape(shape))
+        pos += n
+
+
+def _maybe_dump(compiled: CompiledGraph, fn, bufs, sig) -> None:
+    path = os.environ.get("TORCHTPU_DUMP_STABLEHLO")
+    if not path and not _dumping:
+        return
+    rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()
+    text = fn.lower(bufs, rngdata).as_text()
+    compiled.hlo_texts.append(text)
+    for sink in _dumping:
+        sink.append((compiled.label, text))
+    if path:
+        os.makedirs(path, exist_ok=True)
+        n = len(os.listdir(path))
+        with open(os.path.join(path, f"{n:04d}_{compiled.label}.stablehlo.mlir"), "w") as f:
+            f.write(text)
+
+
+_dumping: list[list] = []
