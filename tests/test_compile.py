@@ -250,3 +250,29 @@ def test_persistent_cache_fills_and_a_second_process_uses_it(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert json.loads(r.stdout.strip().splitlines()[-1])["y"] == 512.0
     assert any(tmp_path.iterdir())
+
+
+_VIEW_CASES = {
+    "transpose_permute": lambda x: x.transpose(0, 2).permute(2, 0, 1).contiguous() * 2,
+    "slices": lambda x: x[1:, ::2, -3:] + x[:-1, 1::2, :3],
+    "select_negative": lambda x: x[-1] * x[:, -2, :].sum(),
+    "split_chunk": lambda x: sum(c.sum(-1) for c in x.split([1, 2], dim=0)) + x.chunk(2, dim=2)[1].sum(),
+    "unbind_stack": lambda x: torch.stack(x.unbind(1), dim=-1),
+    "squeeze_unsqueeze": lambda x: x[:, :1].squeeze(1).unsqueeze(-1).expand(-1, -1, 3) + 1,
+    "diagonal_narrow": lambda x: x.diagonal(0, 1, 2) + x.narrow(2, 1, 4).sum(1),
+    "unfold": lambda x: x.unfold(2, 2, 1).sum(-1),
+    "view_dtype": lambda x: x.view(torch.int32) & 0xFF,
+    "movedim_flatten": lambda x: x.movedim(0, -1).flatten(1) @ torch.ones(3 * 5, 2, device=x.device),
+    "as_strided": lambda x: x.as_strided((2, 2), (1, 3), 1) * 3,
+    "t_matmul": lambda x: x[0].t() @ x[1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEW_CASES))
+def test_views_inside_graphs(name, no_fallback):
+    fn = _VIEW_CASES[name]
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5)
+    expected = fn(x)
+    got = torch.compile(fn, backend="tpu")(tpu(x))
+    close(got, expected, atol=1e-5, rtol=1e-5)

@@ -192,9 +192,90 @@ def _meta_like(x) -> torch.Tensor:
     return torch.empty(tuple(x.shape), dtype=to_torch_dtype(x.dtype), device="meta")
 
 
+def _wrap(d, n):
+    return d + n if d < 0 else d
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    dim = _wrap(dim, x.ndim)
+    n = x.shape[dim]
+    start, end, step = slice(start, end, step).indices(n)
+    end = max(start, end)
+    return jax.lax.slice_in_dim(x, start, end, step, axis=dim)
+
+
+def _select(x, dim, index):
+    dim = _wrap(dim, x.ndim)
+    return jax.lax.index_in_dim(x, _wrap(index, x.shape[dim]), axis=dim, keepdims=False)
+
+
+def _split(x, split_size, dim=0):
+    dim = _wrap(dim, x.ndim)
+    n = x.shape[dim]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if n else [0]
+    return _split_sizes(x, sizes, dim)
+
+
+def _split_sizes(x, split_sizes, dim=0):
+    dim = _wrap(dim, x.ndim)
+    out, pos = [], 0
+    for k in split_sizes:
+        out.append(jax.lax.slice_in_dim(x, pos, pos + k, axis=dim))
+        pos += k
+    return out
+
+
+def _squeeze(x, dim=None):
+    if dim is None:
+        return jnp.squeeze(x)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = tuple(_wrap(d, x.ndim) for d in dims if x.ndim and x.shape[_wrap(d, x.ndim)] == 1)
+    return jnp.squeeze(x, dims) if dims else x
+
+
+def _unsqueeze(x, dim):
+    return jnp.expand_dims(x, _wrap(dim, x.ndim + 1))
+
+
+def _expand(x, size, implicit=False):
+    lead = len(size) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(x, shape)
+
+
+def _unbind(x, dim=0):
+    dim = _wrap(dim, x.ndim)
+    return [_select(x, dim, i) for i in range(x.shape[dim])]
+
+
+# The views a model's graph is made of, as plain JAX ops: XLA sees a transpose or a
+# reshape, not a strided read, and fuses them away.
+_VIEWS = {
+    aten.t.default: lambda x: x.T if x.ndim == 2 else x,
+    aten.transpose.int: lambda x, dim0, dim1: jnp.swapaxes(x, dim0, dim1) if x.ndim else x,
+    aten.permute.default: lambda x, dims: jnp.transpose(x, [_wrap(d, x.ndim) for d in dims]),
+    aten.view.default: lambda x, size: x.reshape(size),
+    aten._unsafe_view.default: lambda x, size: x.reshape(size),
+    aten.reshape.default: lambda x, shape: x.reshape(shape),
+    aten.expand.default: _expand,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.squeeze.default: _squeeze,
+    aten.squeeze.dim: _squeeze,
+    aten.squeeze.dims: _squeeze,
+    aten.slice.Tensor: _slice,
+    aten.select.int: _select,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split_sizes,
+    aten.unbind.int: _unbind,
+}
+
+
 def _view(node, target, args, kwargs):
     """A view of a dense value: the op's geometry on a contiguous meta tensor, then a read."""
     x = args[0]
+    direct = _VIEWS.get(target)
+    if direct is not None and not (isinstance(x, jax.Array) and x.dtype != to_jax_dtype(_meta_of(node.args[0]).dtype)):
+        return direct(*args, **kwargs)
     if target in (aten.as_strided.default,):
         return _as_strided(node, x, *args[1:], **kwargs)
     margs = [_meta_like(a) if isinstance(a, jax.Array) or hasattr(a, "aval") else a for a in args]
