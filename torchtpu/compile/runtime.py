@@ -35,26 +35,38 @@ class _Input:
         self.spec = spec
 
 
+_COMPLEX = (torch.complex64, torch.complex128)
+
+
 def _signature(args):
+    """(hashable signature, buffers to pass, storage entries) of one call's inputs.
+    Runs on every call, hence the plain loops."""
     sig = []
     bufs = []
     entries = []
+    table = storage._table
     for a in args:
         if isinstance(a, torch.Tensor):
+            dt = a.dtype
             if a.device.type == "cpu":
-                arr = jnp.asarray(torch_to_numpy(a))
+                # numpy, not a jax array: jit moves it as part of the call, one dispatch
+                # fewer; a copy, since the graph may write this tensor back afterwards
+                bufs.append(torch_to_numpy(a))
                 bump("transfers_to_device")
-                sig.append(("cpu", tuple(a.shape), TORCH_TO_JAX[a.dtype]))
-                bufs.append(arr)
+                sig.append(("cpu", tuple(a.shape), TORCH_TO_JAX[dt]))
                 entries.append(None)
                 continue
-            entry = storage.lookup(a)
+            try:
+                entry = table[a.untyped_storage()._cdata]
+            except KeyError:
+                entry = storage.lookup(a)  # raises the explanatory error
             flag = ""
-            if a.is_complex() and (a.is_conj() or a.is_neg()):
+            if dt in _COMPLEX and (a.is_conj() or a.is_neg()):
                 flag = ("conj" if a.is_conj() else "") + ("neg" if a.is_neg() else "")
-            sig.append(("tpu", entry.numel, entry.dtype, tuple(a.shape), a.stride(), a.storage_offset(),
-                        TORCH_TO_JAX[a.dtype], flag))
-            bufs.append(transfer.buffer(entry))
+            sig.append(("tpu", entry.numel, entry.dtype, a.shape, a.stride(), a.storage_offset(),
+                        TORCH_TO_JAX[dt], flag))
+            b = entry.buf
+            bufs.append(b if type(b) is jax.Array or isinstance(b, jax.Array) else transfer.buffer(entry))
             entries.append(entry)
         elif a is None:
             sig.append(("none",))
