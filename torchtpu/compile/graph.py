@@ -74,6 +74,12 @@ class Program:
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.n_random = 0
         self.fallback_ops: list[str] = []
+        # graph inputs the program overwrites (aot_autograd's copy_ into a placeholder)
+        ph = set(self.placeholders)
+        self.mutated_inputs = frozenset(
+            self.placeholders.index(n.args[0]) for n in self.nodes
+            if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in ph
+        )
         self.constants = {
             n.target: _constant(getattr(gm, n.target)) for n in self.nodes if n.op == "get_attr"
         }

@@ -9,6 +9,7 @@ compiles once and is counted in torchtpu.metrics() like any compile.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -97,13 +98,17 @@ class CompiledGraph:
         self._lock = threading.Lock()
         self.hlo_texts: list[str] = []
 
-    def _make(self, sig):
+    def _make(self, sig, donate):
         """The jitted program for one input signature, and what its trace learns
-        (output shapes, which CPU inputs it mutates), filled in on first call."""
+        (output shapes, which CPU inputs it mutates), filled in on first call.
+        Buffers at the positions in `donate` are handed to XLA to overwrite."""
         program = self.program
         learned = {}
 
-        def run(bufs, rngdata):
+        def run(donated, kept, rngdata):
+            bufs = list(kept)
+            for i, b in zip(donate, donated):
+                bufs[i] = b
             inputs = []
             for s, b in zip(sig, bufs):
                 if s[0] == "tpu":
@@ -142,27 +147,47 @@ class CompiledGraph:
             learned["shapes"] = [None if o is None else tuple(o.shape) for o in outs]
             return [None if o is None else o.reshape(-1) for o in outs], written, packed
 
-        return jax.jit(run), learned
+        return jax.jit(run, donate_argnums=(0,) if donate else ()), learned
+
+    def _donatable(self, sig, bufs, entries) -> tuple:
+        """Mutated inputs whose old buffer nobody else can see: XLA may update them in place.
+        A buffer shared with another storage, a deferred region or a second argument is kept."""
+        out = []
+        for i in self.program.mutated_inputs:
+            s = sig[i]
+            # references: entries[i].buf, bufs[i] and getrefcount's own argument
+            if s[0] == "tpu" and sys.getrefcount(bufs[i]) == 3:
+                out.append(i)
+        return tuple(out)
 
     def __call__(self, args):
         args = list(args)
         sig, bufs, entries = _signature(args)
-        got = self._jits.get(sig)
+        donate = self._donatable(sig, bufs, entries) if self.program.mutated_inputs else ()
+        key = (sig, donate)
+        got = self._jits.get(key)
         if got is None:
             with self._lock:
-                got = self._jits.get(sig)
+                got = self._jits.get(key)
                 if got is None:
-                    got = self._jits[sig] = self._make(sig)
+                    got = self._jits[key] = self._make(sig, donate)
                     fn = got[0]
                     bump("compiles")
                     bump("compile_graphs")
-                    _maybe_dump(self, fn, bufs, sig)
+                    _maybe_dump(self, fn, [bufs[i] for i in donate],
+                                [None if i in donate else b for i, b in enumerate(bufs)])
         else:
             bump("cache_hits")
         fn, learned = got
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
-        outs, written, packed = fn(bufs, rngdata)
+        if donate:
+            donated = [bufs[i] for i in donate]
+            for i in donate:
+                bufs[i] = None
+            outs, written, packed = fn(donated, bufs, rngdata)
+        else:
+            outs, written, packed = fn((), bufs, rngdata)
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
@@ -196,12 +221,12 @@ def _write_host(args, host, packed) -> None:
         pos += n
 
 
-def _maybe_dump(compiled: CompiledGraph, fn, bufs, sig) -> None:
+def _maybe_dump(compiled: CompiledGraph, fn, donated, kept) -> None:
     path = os.environ.get("TORCHTPU_DUMP_STABLEHLO")
     if not path and not _dumping:
         return
     rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()
-    text = fn.lower(bufs, rngdata).as_text()
+    text = fn.lower(donated, kept, rngdata).as_text()
     compiled.hlo_texts.append(text)
     for sink in _dumping:
         sink.append((compiled.label, text))
