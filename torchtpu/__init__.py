@@ -50,6 +50,10 @@ def dump_stablehlo(fn, *args, path: "str | _os.PathLike | None" = None, **kwargs
     return _dump(fn, *args, path=path, **kwargs)
 
 
+from .runtime import cache as _cache  # noqa: E402
+
+_cache.count_compile_time()
+
 if _os.environ.get("TORCHTPU_CACHE_DIR"):
     compile_cache_dir(_os.environ["TORCHTPU_CACHE_DIR"])
 

@@ -24,3 +24,25 @@ def compile_cache_dir(path: str | os.PathLike | None) -> None:
         compilation_cache.reset_cache()
     except Exception:  # older/newer JAX without the hook: the config alone applies to new compiles
         pass
+
+
+_EVENTS = {
+    "/jax/core/compile/backend_compile_duration": "xla_compile_ms",  # or a cache load, when warm
+    "/jax/core/compile/jaxpr_trace_duration": "trace_ms",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_ms",
+}
+
+
+def count_compile_time() -> None:
+    """Add JAX's own compile timings to torchtpu.metrics(): xla_compile_ms (XLA
+    compilation, or loading from the persistent cache), trace_ms and lower_ms."""
+    from jax import monitoring
+
+    from ..metrics import bump
+
+    def listener(event: str, duration_secs: float, **kwargs) -> None:
+        name = _EVENTS.get(event)
+        if name is not None:
+            bump(name, int(round(duration_secs * 1000)))
+
+    monitoring.register_event_duration_secs_listener(listener)
