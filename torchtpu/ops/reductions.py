@@ -491,6 +491,30 @@ def count_nonzero(self, dim=None):
     return jnp.sum(_truth(self).astype(_I64), axis=_dims(self.ndim, None if dim is None else [dim]))
 
 
+@lower("hash_tensor")
+def hash_tensor(self, dim=(), keepdim=False, mode=0):
+    """mode 0: xor of every element's 64-bit pattern (floats widened to float64, integers
+    sign-extended to int64, bools 0/1), as PyTorch's xor_sum."""
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: mode {mode} is not supported (only mode 0, xor_sum)")
+    if _is_complex(self.dtype):
+        raise RuntimeError("hash_tensor: complex inputs are not supported")
+    axes = _dims(self.ndim, dim)
+    if self.size == 0 and not axes and self.ndim > 0:
+        _check_nonempty("hash_tensor", self, axes)
+    u64 = jnp.dtype(jnp.uint64)
+    if self.dtype == jnp.bool_:
+        bits = self.astype(u64)
+    elif _is_float(self.dtype):
+        bits = lax.bitcast_convert_type(self.astype(jnp.float64), u64)
+    else:
+        bits = lax.bitcast_convert_type(self.astype(_I64), u64)
+    r = lax.reduce(bits, jnp.zeros((), u64), lax.bitwise_xor, axes)
+    if keepdim:
+        r = jnp.expand_dims(r, axes)
+    return r
+
+
 # --- scans --------------------------------------------------------------------
 
 
