@@ -190,3 +190,57 @@ def test_debug_nans_names_first_op():
                 torch.sqrt(x)
         finally:
             torchtpu.set_debug_nans(False)
+
+
+@pytest.fixture
+def churn3(monkeypatch):
+    """A low compile-storm threshold, and no churn memory leaking into other tests."""
+    monkeypatch.setattr(deferred, "CHURN", 3)
+    deferred.forget_signatures()
+    yield
+    torch.tpu.synchronize()
+    deferred.forget_signatures()
+
+
+def test_compile_storm_replays_op_by_op(defer, churn3):
+    # A growing tensor (a KV cache): every step's region has new shapes and never
+    # repeats. Instead of compiling each such region fused, it is replayed op by op.
+    x, xc = torch.zeros(1, 4, device="tpu"), torch.zeros(1, 4)
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for i in range(8):
+        x = torch.cat([x, torch.full((1, 4), float(i), device="tpu")])
+        xc = torch.cat([xc, torch.full((1, 4), float(i))])
+        s = (x * 2).sum(0)
+    torch.testing.assert_close(s.cpu(), (xc * 2).sum(0))
+    m = torchtpu.metrics()
+    assert m.get("regions_replayed", 0) >= 2, m
+    assert m.get("region_compiles", 0) == 0, {k: v for k, v in m.items() if "region" in k or "materialize" in k}
+    # Shapes that stop changing fuse again: one compile, then cache hits.
+    compiles = []
+    for _ in range(4):
+        before = torchtpu.metrics()["compiles"]
+        torch.testing.assert_close(((x * 2).sum(0) + 1).cpu(), (xc * 2).sum(0) + 1)
+        compiles.append(torchtpu.metrics()["compiles"] - before)
+    assert compiles[1:] == [0, 0, 0], compiles
+
+
+def test_replayed_region_error_names_issuing_op(defer, churn3, monkeypatch):
+    x = torch.zeros(1, 4, device="tpu")
+    for i in range(4):
+        x = torch.cat([x, torch.ones(1, 4, device="tpu")])
+    y = x * 3  # issued here; this region is replayed op by op
+    assert deferred._graph.churn and deferred._graph.nodes[-1].name == "mul.Tensor"
+    node = deferred._graph.nodes[-1]
+
+    def broken(*a, **k):
+        raise ValueError("lowering bug")
+
+    broken.codes = node.compiled.fn.codes
+    monkeypatch.setattr(node.compiled, "fn", broken)
+    with pytest.raises(ValueError) as info:
+        y.cpu()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "mul" in notes and "test_eager_modes.py" in notes
+    with pytest.raises(RuntimeError, match="value was lost"):
+        y.cpu()

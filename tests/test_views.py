@@ -171,3 +171,56 @@ def test_random_strided_read_write(geom, no_fallback):
         vc.copy_(val)
         vt.copy_(val.to("tpu"))
         torch.testing.assert_close(base_t.cpu(), base_c)
+
+
+_VIEW_SOURCES = {
+    "contiguous": lambda x: x,
+    "permuted": lambda x: x.permute(2, 0, 3, 1),
+    "sliced": lambda x: x[:, 1:, ::2],
+    "selected": lambda x: x[1],
+    "scalar": lambda x: x[1, 2, 3, 4],
+    "size-1 dim": lambda x: x[:, :1],
+}
+_VIEW_OPS = {
+    "t": lambda x: x.t() if x.dim() <= 2 else None,
+    "transpose": lambda x: x.transpose(0, -1),
+    "detach": lambda x: x.detach(),
+    "alias": lambda x: torch.ops.aten.alias(x),
+    "expand new dim": lambda x: x.expand(2, *x.shape),
+    "expand size-1": lambda x: x[..., :1].expand(*x.shape[:-1], 7) if x.dim() else None,
+    "split": lambda x: x.split(2, -1) if x.dim() else None,
+    "unsqueeze 0": lambda x: x.unsqueeze(0),
+    "unsqueeze -1": lambda x: x.unsqueeze(-1),
+    "permute": lambda x: x.permute(list(reversed(range(x.dim())))),
+    "select": lambda x: x.select(-1, -1) if x.dim() else None,
+    "slice step": lambda x: x[..., 1:-1:2] if x.dim() else None,
+    "slice clamp": lambda x: x[-100:100] if x.dim() else None,
+    "squeeze dim": lambda x: x.squeeze(1) if x.dim() > 1 else None,
+}
+
+
+@pytest.mark.parametrize("src", list(_VIEW_SOURCES))
+def test_fast_view_geometry_matches_cpu(src):
+    """The stride-arithmetic view kernels give CPU's sizes, strides and offsets."""
+    base = torch.arange(120.0).reshape(2, 3, 4, 5)
+    c, t = _VIEW_SOURCES[src](base), _VIEW_SOURCES[src](base.to("tpu"))
+    for name, op in _VIEW_OPS.items():
+        rc = op(c)
+        if rc is None:
+            continue
+        rt = op(t)
+        for a, b in zip(rc if isinstance(rc, tuple) else [rc], rt if isinstance(rt, tuple) else [rt]):
+            assert (a.shape, a.stride(), a.storage_offset()) == (b.shape, b.stride(), b.storage_offset()), name
+            torch.testing.assert_close(b.cpu(), a, msg=name)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x: x.transpose(0, 5), lambda x: x.select(0, 9), lambda x: x.permute(0, 0, 1, 2),
+    lambda x: x.unsqueeze(9), lambda x: x.expand(3, 3), lambda x: x.split(0, 1),
+])
+def test_fast_view_errors_match_cpu(op):
+    base = torch.zeros(2, 3, 4, 5)
+    with pytest.raises(Exception) as cpu_err:
+        op(base)
+    with pytest.raises(type(cpu_err.value)):
+        op(base.to("tpu"))

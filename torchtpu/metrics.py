@@ -10,20 +10,21 @@ _fallbacks: Counter = Counter()
 
 
 def bump(name: str, n: int = 1) -> None:
-    with _lock:
-        _counts[name] += n
+    # No lock: bumped several times per op on the hot path, and under the GIL an int
+    # increment is as good as atomic for counters read by people.
+    _counts[name] += n
 
 
 def fallback(op_name: str) -> None:
-    with _lock:
-        _fallbacks[op_name] += 1
-        _counts["cpu_fallbacks"] += 1
+    _fallbacks[op_name] += 1
+    _counts["cpu_fallbacks"] += 1
 
 
 def snapshot() -> dict:
     with _lock:
+        counts = dict(_counts)  # one C-level copy: bump() does not lock
         out = {
-            k: _counts.get(k, 0)
+            k: counts.get(k, 0)
             for k in (
                 "compiles",
                 "cache_hits",
@@ -35,7 +36,7 @@ def snapshot() -> dict:
                 "cpu_fallbacks",
             )
         }
-        out.update({k: v for k, v in _counts.items() if k not in out})
+        out.update({k: v for k, v in counts.items() if k not in out})
         out["fallback_ops"] = dict(_fallbacks)
         return out
 

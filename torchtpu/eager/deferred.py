@@ -9,7 +9,9 @@ op needs a pending input, or when the region grows past a cap. The fused
 program is cached by the fingerprint of its op signatures and wiring; Python
 scalars and RNG counters are runtime inputs, so a changing learning rate or
 step counter never recompiles. Only storages still alive at materialization
-are outputs: buffers nobody holds are never computed.
+are outputs: buffers nobody holds are never computed. A region whose shapes keep
+changing (decoding with a growing KV cache) is replayed op by op instead of
+compiled fused: see the compile-storm guard below.
 """
 from __future__ import annotations
 
@@ -55,18 +57,22 @@ class Failed:
 
 
 class _Node:
-    __slots__ = ("program", "refs", "nscalars", "rng", "origin", "name")
+    __slots__ = ("program", "refs", "nscalars", "rng", "origin", "name", "compiled")
 
-    def __init__(self, program, refs, nscalars, rng, origin, name):
+    def __init__(self, program, refs, nscalars, rng, origin, name, compiled):
         self.program = program
         self.refs = refs
         self.nscalars = nscalars
-        self.rng = rng
+        self.rng = rng  # (seed lo, seed hi, counter) of a random op, else None
         self.origin = origin
         self.name = name
+        self.compiled = compiled
 
 
 class _Graph:
+    __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "fingerprint", "written",
+                 "fresh", "fresh_per_key", "churn")
+
     def __init__(self):
         self.nodes: list[_Node] = []
         self.inputs: list = []
@@ -75,24 +81,53 @@ class _Graph:
         self.rngs: list = []
         self.fingerprint: list = []
         self.written: list = []
+        self.fresh: set = set()  # op signatures never run in a fused region nor replayed
+        self.fresh_per_key: dict = {}  # shape-free key -> fresh signatures of it in this region
+        self.churn = False  # a region that will never repeat: replay it op by op
 
 
 _graph = _Graph()
 _fused_cache: dict = {}
 
+# Compile-storm guard. A region whose op signatures keep changing shape (greedy decoding
+# with a growing KV cache) never repeats: compiling it fused is wasted work (a minute for
+# 32 decoded tokens recorded as one 1259-op region on XLA:CPU). When one op (by its shape-free key) shows CHURN fresh signatures in one
+# region, the region is replayed op by op with each op's own executable (those for
+# length-independent ops repeat across steps, as in strict), and every key with a fresh
+# signature in it is marked churning. Later regions holding a fresh signature of a
+# churning key are replayed as well; a signature seen again after a replay is a stable
+# shape and fuses normally.
+CHURN = int(os.environ.get("TORCHTPU_DEFER_CHURN", "12"))
+_fused_sigs: set = set()  # op executables that ran inside a fused region
+_replayed: set = set()  # op executables that ran in a replayed region
+_churning: set = set()  # shape-free keys seen churning
+
+
+def forget_signatures() -> None:
+    _fused_sigs.clear()
+    _replayed.clear()
+    _churning.clear()
+
+
 _SKIP_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (sys.modules["torch"], sys.modules["torchtpu"])
 )
+_internal_code: dict = {}  # code object -> is it torch's or torchtpu's (not the user's)
 
 
 def _origin():
     """The user's (file, line, function) that issued the current op, if any."""
     f = sys._getframe(1)
+    internal = _internal_code
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<frozen"):
-            return (fn, f.f_lineno, f.f_code.co_name)
+        code = f.f_code
+        skip = internal.get(code)
+        if skip is None:
+            fn = code.co_filename
+            skip = internal[code] = fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")
+        if not skip:
+            return (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return None
 
@@ -101,7 +136,7 @@ def pending_count() -> int:
     return len(_graph.nodes)
 
 
-def record(compiled, key, entries, dyn, low, make_output):
+def record(compiled, entries, dyn, low, make_output):
     """Record one op; returns its output entries' Pendings via `make_output`."""
     with _lock:
         g = _graph
@@ -127,9 +162,19 @@ def record(compiled, key, entries, dyn, low, make_output):
         rngdata = rng.next_key_data() if low.random else None
         if rngdata is not None:
             g.rngs.append(rngdata)
-        g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata is not None, _origin(), low.name))
-        g.scalars.extend(dyn)
+        g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata, _origin(), low.name, compiled))
+        if dyn:
+            g.scalars.extend(dyn)
         g.fingerprint.append((compiled, refs))  # compiled objects live in the op cache: hash by identity
+        if compiled not in _fused_sigs and compiled not in _replayed and compiled not in g.fresh:
+            g.fresh.add(compiled)
+            skey = compiled.shape_free_key()
+            n = g.fresh_per_key[skey] = g.fresh_per_key.get(skey, 0) + 1
+            if n >= CHURN:
+                _churning.add(skey)
+                g.churn = True
+            elif skey in _churning:
+                g.churn = True
         written = g.written
         if low.mode == "inplace":
             for s in compiled.updated:
@@ -152,18 +197,26 @@ def record(compiled, key, entries, dyn, low, make_output):
                 k += 1
         if len(g.nodes) >= MAX_OPS:
             flush("size_cap")
+        elif g.churn and len(g.fresh) >= CHURN:
+            flush("compile_storm")
         return result
 
 
+def _note(e: BaseException, node) -> None:
+    origin = node.origin
+    where = f"{origin[0]}:{origin[1]} in {origin[2]}" if origin else "(no user frame: backward)"
+    e.add_note(f"torchtpu: raised by deferred op {node.name}, issued at {where}")
+
+
 def _make_fused(nodes, out_refs, codes):
-    programs = [(n.program, n.refs, n.nscalars, n.rng, n.origin, n.name) for n in nodes]
+    programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
 
     def fused(inputs, packed, rngs):
         scalars = _scalars.unpack(packed, codes)
         vals = {}
         si = 0
         ri = 0
-        for j, (program, refs, ns, has_rng, origin, name) in enumerate(programs):
+        for j, (program, refs, ns, has_rng, node) in enumerate(programs):
             bufs = tuple(
                 None if r is None else (inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])]) for r in refs
             )
@@ -172,8 +225,7 @@ def _make_fused(nodes, out_refs, codes):
             try:
                 outs, updated = program(bufs, tuple(scalars[si:si + ns]), rngdata)
             except Exception as e:
-                where = f"{origin[0]}:{origin[1]} in {origin[2]}" if origin else "(no user frame: backward)"
-                e.add_note(f"torchtpu: raised by deferred op {name}, issued at {where}")
+                _note(e, node)
                 raise
             si += ns
             for k, o in enumerate(outs):
@@ -183,6 +235,37 @@ def _make_fused(nodes, out_refs, codes):
         return tuple(vals[r] for r in out_refs)
 
     return jax.jit(fused)
+
+
+def _replay(g, out_refs):
+    """Run a region op by op with each op's own executable (the compile-storm guard)."""
+    from .executor import count_run
+
+    vals = {}
+    inputs = g.inputs
+    scalars = g.scalars
+    si = 0
+    for j, node in enumerate(g.nodes):
+        c = node.compiled
+        bufs = tuple(
+            None if r is None else (inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])]) for r in node.refs
+        )
+        ns = node.nscalars
+        dyn = scalars[si:si + ns]
+        si += ns
+        try:
+            outs, updated = c.fn(bufs, _scalars.pack(dyn, c.fn.codes), node.rng if node.rng is not None else ())
+        except Exception as e:
+            _note(e, node)
+            raise
+        count_run(c)
+        metrics.bump("executions")
+        _replayed.add(c)
+        for k, o in enumerate(outs):
+            vals[(j, k)] = o
+        for s, b in updated.items():
+            vals[(j, ("u", s))] = b
+    return tuple(vals[r] for r in out_refs)
 
 
 def flush(reason: str) -> None:
@@ -204,15 +287,24 @@ def flush(reason: str) -> None:
         codes = _scalars.layout(g.scalars)
         fkey = (tuple(g.fingerprint), out_refs, codes)
         fn = _fused_cache.get(fkey)
-        if fn is None:
-            fn = _make_fused(g.nodes, out_refs, codes)
-            _fused_cache[fkey] = fn
-            metrics.bump("compiles")
-            metrics.bump("region_compiles")
-        else:
-            metrics.bump("cache_hits")
+        replay = fn is None and g.churn
         try:
-            results = fn(tuple(g.inputs), _scalars.pack(g.scalars, codes), tuple(g.rngs))
+            if replay:
+                results = _replay(g, out_refs)
+                metrics.bump("regions_replayed")
+                # every op that brought a new shape into a storm is suspect from now on
+                _churning.update(g.fresh_per_key)
+            else:
+                if fn is None:
+                    fn = _make_fused(g.nodes, out_refs, codes)
+                    _fused_cache[fkey] = fn
+                    metrics.bump("compiles")
+                    metrics.bump("region_compiles")
+                else:
+                    metrics.bump("cache_hits")
+                results = fn(tuple(g.inputs), _scalars.pack(g.scalars, codes), tuple(g.rngs))
+                metrics.bump("executions")
+                _fused_sigs.update(g.fresh)
         except Exception as err:
             _fused_cache.pop(fkey, None)
             for e, _ in live:
@@ -220,7 +312,6 @@ def flush(reason: str) -> None:
             raise
         for (e, _), r in zip(live, results):
             e.buf = r
-        metrics.bump("executions")
         metrics.bump("regions_executed")
         metrics.bump("region_ops", len(g.nodes))
         metrics.bump(f"materialize:{reason}")

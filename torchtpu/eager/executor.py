@@ -29,7 +29,7 @@ _SCALARS = (bool, int, float, complex)
 
 
 class _Compiled:
-    __slots__ = ("fn", "program", "outs", "structure", "updated")
+    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key")
 
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
@@ -37,6 +37,15 @@ class _Compiled:
         self.outs = None  # [(shape, torch dtype)] of functional outputs
         self.structure = None  # "none" | "one" | "tuple" | "list"
         self.updated = None  # storage indices an in-place op writes (known after a trace)
+        self.ran = False  # fn has run once (so XLA compiled it): later runs are cache hits
+        self.key = None  # the cache key (geometry, static args): see shape_free_key
+
+    def shape_free_key(self):
+        """The cache key without sizes, strides and offsets: calls of one op that differ
+        only in geometry share it (a growing KV cache gives one such key many keys)."""
+        name, mode, pos, kw, leaves, specs, inited = self.key
+        return (name, mode, pos, kw, tuple((lf[0], len(lf[1]), lf[4]) + lf[5:] for lf in leaves),
+                tuple(sp[1] for sp in specs), inited)
 
 
 _cache: dict = {}
@@ -95,8 +104,9 @@ class _Flat:
             si = len(self.entries)
             self.entry_index[k] = si
             self.entries.append(entry)
-        leaf = (si, shape, stride, offset, _T2J[t.dtype])
-        if t.is_complex() and (t.is_conj() or t.is_neg()):
+        dt = t.dtype
+        leaf = (si, shape, stride, offset, _T2J[dt])
+        if dt.is_complex and (t.is_conj() or t.is_neg()):
             # lazy conjugate/negative views: the bit lives on the tensor, not the storage
             leaf += (("conj" if t.is_conj() else "") + ("neg" if t.is_neg() else ""),)
         self.leaves.append(leaf)
@@ -260,15 +270,25 @@ def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
     return {s: bufs[s] for s in touched}
 
 
-_NO_KEY = (np.uint32(0), np.uint32(0), np.uint32(0))
+_PACKED_DTYPES = tuple(np.dtype(d) for d in scalars._DTYPES)
+_RNG_AVALS = (jax.ShapeDtypeStruct((), np.uint32),) * 3
 
 
-def _abstract(compiled: _Compiled, entries, dyn, rngdata) -> None:
-    """Learn output shapes/dtypes and written storages by tracing once, without running."""
+def _abstract(compiled: _Compiled, entries, dyn, random: bool) -> None:
+    """Learn output shapes/dtypes and written storages by tracing once, without running.
+
+    Traced through the op's own jit with the avals a later call will have, so a strict
+    call (or a per-op replay of a region) reuses this trace instead of tracing again."""
     bufs = tuple(
         None if e.buf is None else jax.ShapeDtypeStruct((e.numel,), e.dtype) for e in entries
     )
-    _, updated = jax.eval_shape(compiled.program, bufs, tuple(dyn), rngdata)
+    counts = [0, 0, 0, 0]
+    for c in compiled.fn.codes:
+        counts[c] += 1
+    packed = tuple(
+        jax.ShapeDtypeStruct((n,), _PACKED_DTYPES[k]) if n else None for k, n in enumerate(counts)
+    )
+    _, updated = compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
     compiled.updated = tuple(sorted(updated))
     metrics.bump("abstract_evals")
 
@@ -321,30 +341,32 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat) -> BaseException
 def execute(low: Lowering, args, kwargs):
     flat, pos, kw = _flatten(low, args, kwargs)
     entries = flat.entries
-    store_specs = tuple((e.numel, e.dtype) for e in entries)
-    inited = tuple(e.buf is not None for e in entries)
+    store_specs = tuple([(e.numel, e.dtype) for e in entries])
+    inited = tuple([e.buf is not None for e in entries])
     key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited)
     compiled = _cache.get(key)
-    mode = modes._state["mode"]
     if compiled is None:
         compiled = _Compiled()
+        compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
         compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn))
         with _cache_lock:
             _cache[key] = compiled
-        if mode != "defer_and_fuse":
-            metrics.bump("compiles")
-    elif mode != "defer_and_fuse":
-        metrics.bump("cache_hits")
-    if mode == "defer_and_fuse":
+    if modes._state["mode"] == "defer_and_fuse":
         if compiled.updated is None:
             try:
-                _abstract(compiled, entries, flat.dyn, _NO_KEY if low.random else ())
+                _abstract(compiled, entries, flat.dyn, low.random)
             except Exception as err:
                 _cache.pop(key, None)
                 raise _user_error(err, low, flat) from err
-        outs = deferred.record(compiled, key, entries, flat.dyn, low, _make_output)
+        outs = deferred.record(compiled, entries, flat.dyn, low, _make_output)
         return _finish(low, compiled, args, kwargs, outs)
+    return _run_strict(low, compiled, key, flat, args, kwargs)
+
+
+def _run_strict(low, compiled, key, flat, args, kwargs):
+    mode = modes._state["mode"]
+    entries = flat.entries
     rngdata = rng.next_key_data() if low.random else ()
     bufs = tuple(_concrete(e) for e in entries)
     try:
@@ -356,6 +378,7 @@ def execute(low: Lowering, args, kwargs):
     except Exception as err:
         _cache.pop(key, None)
         raise _user_error(err, low, flat) from err
+    count_run(compiled)
     metrics.bump("executions")
     if compiled.updated is None:
         compiled.updated = tuple(sorted(updated))
@@ -370,13 +393,25 @@ def execute(low: Lowering, args, kwargs):
     return _finish(low, compiled, args, kwargs, results)
 
 
+def count_run(compiled: _Compiled) -> None:
+    """Count one run of an op's own executable: its first run compiled it."""
+    if compiled.ran:
+        metrics.bump("cache_hits")
+    else:
+        compiled.ran = True
+        metrics.bump("compiles")
+
+
 def _finish(low, compiled, args, kwargs, results):
     if low.mode == "inplace":
-        if not low.overload._schema.returns:
+        i = low.extra.get("_returned_index")
+        if i is None:  # which argument an in-place op returns (-1: none), found once
+            i = low.extra["_returned_index"] = (
+                [a.name for a in low.args].index(low.mutated[0]) if low.overload._schema.returns else -1
+            )
+        if i < 0:
             return None
-        target = low.mutated[0]
-        i = [a.name for a in low.args].index(target)
-        return args[i] if i < len(args) else kwargs[target]
+        return args[i] if i < len(args) else kwargs[low.mutated[0]]
     structure = compiled.structure
     if structure == "none":
         return None
@@ -400,3 +435,5 @@ def cache_size() -> int:
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+    deferred._fused_cache.clear()  # its keys hold the dropped op executables
+    deferred.forget_signatures()

@@ -220,6 +220,188 @@ def _reshape_alias(self, size, stride):
     return tensors.alias(self, size, stride, self.storage_offset())
 
 
+# --- view fast paths --------------------------------------------------------
+# The common views, with their geometry computed by stride arithmetic instead of on
+# meta stand-ins (which allocate meta tensors and walk pytrees: ~10x the cost). Any
+# case off the beaten path (a bad dim, a negative size) returns None and takes the
+# meta path, which raises PyTorch's own error.
+
+
+def _alias(self, shape, stride, offset=None):
+    return tensors.alias(self, shape, stride, self.storage_offset() if offset is None else offset)
+
+
+def _wrap_dim(dim, ndim):
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        return None
+    return dim % n
+
+
+def _v_alias(self):
+    return _alias(self, self.shape, self.stride())
+
+
+def _v_t(self):
+    n = self.dim()
+    if n < 2:
+        return _alias(self, self.shape, self.stride())
+    if n != 2:
+        return None
+    sh, st = self.shape, self.stride()
+    return _alias(self, (sh[1], sh[0]), (st[1], st[0]))
+
+
+def _v_transpose(self, dim0, dim1):
+    n = self.dim()
+    d0, d1 = _wrap_dim(dim0, n), _wrap_dim(dim1, n)
+    if d0 is None or d1 is None:
+        return None
+    if n == 0:
+        return _alias(self, (), ())
+    sh, st = list(self.shape), list(self.stride())
+    sh[d0], sh[d1] = sh[d1], sh[d0]
+    st[d0], st[d1] = st[d1], st[d0]
+    return _alias(self, sh, st)
+
+
+def _v_expand(self, size, implicit=False):
+    n, k = self.dim(), len(size)
+    if k < n:
+        return None
+    sh, st = self.shape, self.stride()
+    out_sh, out_st = [], []
+    for i, s in enumerate(size):
+        s = int(s)
+        j = i - (k - n)
+        if j < 0:
+            if s < 0:
+                return None
+            out_sh.append(s)
+            out_st.append(0)
+            continue
+        cur = sh[j]
+        if s == -1:
+            s = cur
+        if s == cur:
+            out_sh.append(s)
+            out_st.append(st[j])
+        elif cur == 1 and s >= 0:
+            out_sh.append(s)
+            out_st.append(0)
+        else:
+            return None
+    return _alias(self, out_sh, out_st)
+
+
+def _v_split(self, split_size, dim=0):
+    n = self.dim()
+    split_size = int(split_size)
+    d = _wrap_dim(dim, n) if n else None
+    if d is None or split_size <= 0:
+        return None
+    sh, st, off = list(self.shape), self.stride(), self.storage_offset()
+    length = sh[d]
+    if length == 0:
+        return None
+    out = []
+    for start in range(0, length, split_size):
+        sh[d] = min(split_size, length - start)
+        out.append(_alias(self, tuple(sh), st, off + start * st[d]))
+    return out
+
+
+def _v_unsqueeze(self, dim):
+    n = self.dim()
+    if not -n - 1 <= dim <= n:
+        return None
+    d = dim % (n + 1)
+    sh, st = list(self.shape), list(self.stride())
+    new_st = sh[d] * st[d] if d < n else 1
+    sh.insert(d, 1)
+    st.insert(d, new_st)
+    return _alias(self, sh, st)
+
+
+def _v_permute(self, dims):
+    n = self.dim()
+    if len(dims) != n:
+        return None
+    ds = [_wrap_dim(d, n) for d in dims]
+    if None in ds or len(set(ds)) != n:
+        return None
+    sh, st = self.shape, self.stride()
+    return _alias(self, [sh[d] for d in ds], [st[d] for d in ds])
+
+
+def _v_select(self, dim, index):
+    n = self.dim()
+    d = _wrap_dim(dim, n) if n else None
+    if d is None:
+        return None
+    size = self.shape[d]
+    index = int(index)
+    if not -size <= index < size:
+        return None
+    index %= size
+    sh, st = list(self.shape), list(self.stride())
+    off = self.storage_offset() + index * st[d]
+    del sh[d], st[d]
+    return _alias(self, sh, st, off)
+
+
+def _v_slice(self, dim=0, start=None, end=None, step=1):
+    n = self.dim()
+    d = _wrap_dim(dim, n) if n else None
+    step = int(step)
+    if d is None or step <= 0:
+        return None
+    size = self.shape[d]
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    sh, st = list(self.shape), list(self.stride())
+    sh[d] = (end - start + step - 1) // step
+    off = self.storage_offset() + start * st[d]
+    st[d] *= step
+    return _alias(self, sh, st, off)
+
+
+def _v_squeeze_dim(self, dim):
+    n = self.dim()
+    d = _wrap_dim(dim, n)
+    if d is None:
+        return None
+    if n == 0 or self.shape[d] != 1:
+        return _alias(self, self.shape, self.stride())
+    sh, st = list(self.shape), list(self.stride())
+    del sh[d], st[d]
+    return _alias(self, sh, st)
+
+
+_FAST_VIEWS = {
+    "t": _v_t, "transpose.int": _v_transpose,
+    "expand": _v_expand, "split.Tensor": _v_split, "unsqueeze": _v_unsqueeze,
+    "permute": _v_permute, "select.int": _v_select, "slice.Tensor": _v_slice,
+    "squeeze.dim": _v_squeeze_dim,
+}
+
+
+def _fast_view_op(name, fast):
+    slow = view_kernel(overload(name))
+
+    def kernel(*args, **kwargs):
+        out = fast(*args, **kwargs)
+        return slow(*args, **kwargs) if out is None else out
+
+    return kernel
+
+
 def view_kernel(op):
     def kernel(*args, **kwargs):
         return fallback.meta_view(op, args, kwargs)
@@ -234,7 +416,15 @@ def _inplace_view_kernel(op):
     return kernel
 
 
+# detach/alias stay on the boxed fallback (a kernel registered for detach breaks
+# nn.Parameter's _make_subclass), with the same stride-arithmetic fast path.
+_FAST_BOXED = {torch.ops.aten.detach.default: _v_alias, torch.ops.aten.alias.default: _v_alias}
+
+
 def _boxed_fallback(op, *args, **kwargs):
+    fast = _FAST_BOXED.get(op)
+    if fast is not None and not kwargs and len(args) == 1:
+        return fast(*args)
     if fallback.is_view_op(op):
         return fallback.meta_view(op, args, kwargs)
     if fallback.is_inplace_view_op(op):
@@ -257,6 +447,8 @@ def register_runtime() -> None:
     _impl("view", _fast_view(overload("view")))
     _impl("_unsafe_view", _fast_view(overload("_unsafe_view")))
     _impl("_reshape_alias", _reshape_alias)
+    for name, fast in _FAST_VIEWS.items():
+        _impl(name, _fast_view_op(name, fast))
     for name in ("view.dtype", "unfold", "view_as_real", "view_as_complex"):
         _impl(name, view_kernel(overload(name)))
     # In-place geometry ops have composite kernels that check bounds against the
