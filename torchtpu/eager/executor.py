@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .. import metrics
-from ..ops import promotion
+from ..ops import registry
 from ..ops.registry import Lowering
 from ..runtime import geometry, rng, storage, tensors
 from . import deferred, modes, scalars
@@ -184,7 +184,6 @@ def _pretty(dt: torch.dtype) -> str:
 
 
 def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
-    fn = low.fn
     mode = low.mode
     arg_names = [a.name for a in low.args]
 
@@ -197,21 +196,7 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
         it = iter(scalars)
         args = [_decode(s, vals, it) for s in pos]
         kwargs = {name: _decode(s, vals, it) for name, s in kw}
-        if low.promote is not None:
-            named = dict(zip(arg_names, args))
-            named.update(kwargs)
-            present = [n for n in low.promote_args if named.get(n) is not None]
-            cast, res_dtype = promotion.promote(low.promote, *[named[n] for n in present])
-            for n, v in zip(present, cast):
-                if n in kwargs:
-                    kwargs[n] = v
-                else:
-                    args[arg_names.index(n)] = v
-        if low.random:
-            kwargs["key"] = rng.key(*rngdata)
-        result = fn(*args, **kwargs)
-        if low.promote is not None and result is not None and not isinstance(result, (tuple, list)):
-            result = result.astype(res_dtype)
+        result = registry.apply(low, args, kwargs, rng.key(*rngdata) if low.random else None)
         if mode == "inplace":
             return (), _write_back(low, result, pos, kw, leaves, bufs, arg_names)
         if result is None:
