@@ -172,3 +172,21 @@ def test_autograd_basic():
     (xt * xt).sum().backward()
     (xc * xc).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+
+
+def test_module_to_keeps_tied_parameters():
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    m[1].weight = m[0].weight
+    ref = copy.deepcopy(m)
+    m.to("tpu")
+    assert m[0].weight is m[1].weight and m[0].weight.device.type == "tpu"
+    x = torch.tensor([[1, 2, 3]])
+    m(x.to("tpu")).square().sum().backward()
+    ref(x).square().sum().backward()
+    # the shared weight's gradient holds both uses, as on CPU
+    torch.testing.assert_close(m[0].weight.grad.cpu(), ref[0].weight.grad)
+    m.to("cpu")
+    assert m[0].weight is m[1].weight and m[0].weight.device.type == "cpu"

@@ -36,7 +36,10 @@ aten = torch.ops.aten
 
 
 def overload_name(op: torch._ops.OpOverload) -> str:
-    base = op._schema.name.split("::")[1]
+    """"add.Tensor" for aten ops (the lowering table's names), "prims::sum" for others."""
+    ns, base = op._schema.name.split("::")
+    if ns != "aten":
+        base = f"{ns}::{base}"
     return base if op._overloadname == "default" else f"{base}.{op._overloadname}"
 
 
@@ -404,6 +407,7 @@ SPECIAL = {
     aten.new_empty_strided.default: _empty,
     aten.empty_like.default: _empty,
     aten.full_like.default: _full_like,
+    torch.ops.prims.convert_element_type.default: lambda node, x, dtype: _to_copy(node, x, dtype=dtype),
     aten.index.Tensor: _index,
     aten.index_put.default: _index_put,
     aten.sym_size.int: _sym_size,
@@ -447,7 +451,7 @@ def _cpu_callback(node, target, args, kwargs):
         k2 = {k: (torch.device("cpu") if isinstance(v, torch.device) else v) for k, v in k2.items()}
         out = target(*a2, **k2)
         outs = [o for o in torch.utils._pytree.tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        return tuple(torch_to_numpy(o.detach()) for o in outs)
+        return tuple(torch_to_numpy(o.detach()).reshape(s.shape) for o, s in zip(outs, shapes))
 
     res = jax.pure_callback(host, tuple(shapes), *[leaves[p] for p in arr_pos])
     it = iter(res)

@@ -37,4 +37,7 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
+    from . import tied
+
+    tied.install()
     _done = True
