@@ -1,10 +1,14 @@
-"""PyTorch's OpInfo suite on tpu vs CPU, checked against the committed sweep.
+"""PyTorch's OpInfo suite on tpu vs CPU, checked against the expected states in one data file.
 
-docs/opinfo.json is written by
-`python -m torchtpu.validate ops --jobs 2 --json docs/opinfo.json --markdown docs/opinfo.md`
-(up to 6 samples per dtype). The fast test runs every OpInfo once (one sample per dtype) and fails if
-its state is worse than the sweep's; the slow test (`-m slow`) reruns the sweep's configuration and
-also warns on improvements, so docs/opinfo.json gets regenerated and the change shows in review.
+tests/opinfo_expected.json ({OpInfo: [forward, backward]}) is written by the full sweep:
+`python -m torchtpu.validate ops --jobs 2 --json docs/opinfo.json --markdown docs/opinfo.md
+ --write-expected tests/opinfo_expected.json` (float32 + int64, up to 6 samples per dtype).
+
+- test_opinfo_fast (in `make test`): every OpInfo once -- its first float32 sample (int64 when it
+  has no float32), forward only -- fails if that state is worse than the expected forward state.
+- test_opinfo_one_sample / test_opinfo_all_samples (`-m slow`): the sweep's configuration, backward
+  included; the latter also warns on improvements, so the expected file gets regenerated and the
+  change shows in review.
 """
 import json
 import os
@@ -15,13 +19,17 @@ import torch
 
 from torchtpu.validate import ops as v
 
-_SWEEP = os.path.join(os.path.dirname(__file__), "..", "docs", "opinfo.json")
-with open(_SWEEP) as f:
-    EXPECTED = {k: (r["forward"], r["backward"]) for k, r in json.load(f)["ops"].items()}
+_EXPECTED = os.path.join(os.path.dirname(__file__), "opinfo_expected.json")
+with open(_EXPECTED) as f:
+    EXPECTED = {k: tuple(s) for k, s in json.load(f).items()}
 
 # Lower is better.
 _RANK = {"pass-native": 0, "skipped": 0, "pass-with-fallback": 1, "mismatch": 2, "error": 3}
 _OPS = {v.opinfo_name(o): o for o in v.select()}
+
+
+def test_expected_covers_op_db():
+    assert sorted(EXPECTED) == sorted(_OPS), "regenerate tests/opinfo_expected.json (see the docstring)"
 
 
 _count = [0]
@@ -32,13 +40,7 @@ def _bounded_memory():
     """Hundreds of OpInfos compile thousands of programs: drop them now and then."""
     _count[0] += 1
     if _count[0] % 40 == 0:
-        import jax
-
-        from torchtpu.eager import deferred, executor
-
-        executor.clear_cache()
-        deferred._fused_cache.clear()
-        jax.clear_caches()
+        v.clear_caches()
     yield
 
 
@@ -47,13 +49,20 @@ def _check(name, max_samples, warn_improvement):
     want = EXPECTED.get(name, ("error", "error"))
     got = (r.forward, r.backward)
     worse = [d for d, g, w in zip(("forward", "backward"), got, want) if _RANK[g] > _RANK[w]]
-    assert not worse, f"{name}: {got} worse than the sweep's {want}: {r.detail}"
+    assert not worse, f"{name}: {got} worse than expected {want}: {r.detail}"
     if warn_improvement and any(_RANK[g] < _RANK[w] for g, w in zip(got, want)):
-        warnings.warn(f"{name} improved to {got} (sweep: {want}); regenerate docs/opinfo.json")
+        warnings.warn(f"{name} improved to {got} (expected: {want}); regenerate tests/opinfo_expected.json")
 
 
-# Behind the slow marker for now: on the 2-core CI machine this pass takes ~25 minutes, past
-# make test's 20-minute budget; a lighter "every OpInfo once" subset is the next step (issue 3).
+@pytest.mark.parametrize("name", sorted(_OPS))
+def test_opinfo_fast(name):
+    op = _OPS[name]
+    dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.int64
+    r = v.run_opinfo(op, [dtype], 1, backward=False, timeout=60)
+    want = EXPECTED.get(name, ("error", "error"))[0]
+    assert _RANK[r.forward] <= _RANK[want], f"{name}: forward {r.forward} worse than expected {want}: {r.detail}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_OPS))
 def test_opinfo_one_sample(name):

@@ -566,3 +566,54 @@ def test_misc_index_paths():
         return out, w
 
     check(emb, w)
+
+
+# --- functional scatters into views (select/slice/diagonal/as_strided_scatter) -----------------
+
+
+def test_view_scatters_on_fresh_tpu_tensors(no_fallback):
+    # inputs made on tpu (zero-byte storages): the composite kernels sized their clone by the
+    # storage's nbytes and came out empty
+    x = torch.randn(5, 5, 5, device=T)
+    xc = x.cpu()
+    src2 = torch.randn(5, 5)
+    for dim, index in ((0, 1), (1, -1), (2, 4)):
+        assert_same(torch.select_scatter(x, src2.to(T), dim, index), torch.select_scatter(xc, src2, dim, index))
+    v = torch.randn(5, device=T)
+    assert_same(torch.select_scatter(v, torch.tensor(3.0, device=T), 0, 2),
+                torch.select_scatter(v.cpu(), torch.tensor(3.0), 0, 2))
+    for dim, start, end, step in ((0, None, None, 1), (1, 1, 4, 2), (2, -3, None, 1), (0, 2, 100, 2)):
+        ref = torch.slice_scatter(xc, xc.narrow(0, 0, 5)[(slice(None),) * dim + (slice(start, end, step),)] * 2,
+                                  dim, start, end, step)
+        src = (xc[(slice(None),) * dim + (slice(start, end, step),)] * 2)
+        assert_same(torch.slice_scatter(x, src.to(T), dim, start, end, step), ref)
+    for offset, d1, d2 in ((0, 0, 1), (1, 1, 2), (-2, 2, 0), (7, 0, 1)):
+        src = torch.diagonal(xc, offset, d1, d2) * 3
+        assert_same(torch.diagonal_scatter(x, src.to(T), offset, d1, d2),
+                    torch.diagonal_scatter(xc, src, offset, d1, d2))
+    for size, stride, off in (((2, 2), (1, 2), 0), ((3,), (5,), 4), ((), (), 7), ((5, 0), (1, 1), 0)):
+        src = torch.randn(size)
+        assert_same(torch.as_strided_scatter(x, src.to(T), size, stride, off),
+                    torch.as_strided_scatter(xc, src, size, stride, off))
+    with pytest.raises(RuntimeError, match="size"):
+        torch.select_scatter(x, torch.randn(4, 5, device=T), 0, 0)
+
+
+def test_view_scatter_grads(no_fallback):
+    x = torch.randn(4, 4)
+    s = torch.randn(4)
+    for fn in (lambda a, b: torch.select_scatter(a, b, 1, 2), lambda a, b: torch.diagonal_scatter(a, b)):
+        outs = []
+        for dev in ("cpu", T):
+            a = x.to(dev).requires_grad_()
+            b = s.to(dev).requires_grad_()
+            outs.append(torch.autograd.grad((fn(a, b) ** 2).sum(), (a, b)))
+        assert_same(list(outs[1]), list(outs[0]))
+
+
+def test_like_factories_honour_an_explicit_cpu_device():
+    x = torch.randn(5, device=T)
+    for fn in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.rand_like):
+        assert fn(x, device="cpu").device.type == "cpu"
+        assert fn(x).device.type == T
+    assert x.new_ones((2, 3), device="cpu").device.type == "cpu"

@@ -417,6 +417,58 @@ def test_triangular(no_fallback):
 
 def test_matrix_exp(no_fallback):
     check(torch.linalg.matrix_exp, r(2, 3, 3, dtype=torch.float64) * 0.5)
+    # every Taylor degree PyTorch picks by the 1-norm, and scaling-and-squaring past the last
+    for scale in (1e-9, 1e-4, 0.01, 0.2, 1.0, 3.0, 20.0):
+        A = r(3, 5, 5)
+        A = A / A.abs().sum(-2).amax(-1, keepdim=True).unsqueeze(-1) * scale
+        check(torch.linalg.matrix_exp, A, atol=1e-5, rtol=2e-5)
+    check(torch.linalg.matrix_exp, r(2, 1, 1))
+    check(torch.linalg.matrix_exp, r(0, 3, 3))
+
+
+def test_householder_geqrf_ormqr(no_fallback):
+    A = r(2, 5, 3)
+    check(torch.geqrf, A)
+    check(torch.geqrf, r(3, 5))
+    a, tau = torch.geqrf(A)
+    check(torch.linalg.householder_product, a, tau)
+    check(torch.linalg.householder_product, a, tau[..., :2])
+    for left in (True, False):
+        for transpose in (True, False):
+            C = r(2, 5, 4) if left else r(2, 4, 5)
+            check(torch.ormqr, a, tau, C, left, transpose)
+    check_grad(torch.linalg.householder_product, a[0].clone().requires_grad_(), tau[0], atol=1e-4, rtol=1e-4)
+
+
+def test_eig(no_fallback):
+    A = r(3, 4, 4)
+    check(torch.linalg.eig, A)
+    check(torch.linalg.eigvals, A)
+    check(torch.linalg.eigvals, r(0, 3, 3))
+
+
+def test_lstsq(no_fallback):
+    for driver in (None, "gelsy", "gelsd", "gelss", "gels"):
+        check(torch.linalg.lstsq, r(5, 3), r(5, 2), driver=driver)
+        check(torch.linalg.lstsq, r(2, 3, 4), r(2, 3, 2), driver=driver)
+        check(torch.linalg.lstsq, r(5, 3), r(5), driver=driver)
+    deficient = r(5, 3)
+    deficient[:, 2] = deficient[:, 1]
+    for driver in ("gelsy", "gelsd"):  # rank-deficient: minimum-norm solution, no residuals
+        check(torch.linalg.lstsq, deficient, r(5, 2), driver=driver, atol=1e-4, rtol=1e-4)
+    check_grad(lambda a, b: torch.linalg.lstsq(a, b).solution, r(5, 3, grad=True), r(5, 2, grad=True))
+
+
+def test_ldl(no_fallback):
+    for n in (1, 2, 5, 8):
+        A = r(3, n, n)
+        A = A + A.mT  # indefinite: both 1x1 and 2x2 Bunch-Kaufman pivots
+        check(torch.linalg.ldl_factor_ex, A)
+        check(torch.linalg.ldl_factor, A, hermitian=True)
+        LD, piv = torch.linalg.ldl_factor(A)
+        check(torch.linalg.ldl_solve, LD, piv, r(3, n, 2))
+    check(torch.linalg.ldl_factor_ex, torch.zeros(3, 3))  # info reports the zero pivot
+    check(torch.linalg.ldl_factor_ex, torch.zeros(0, 2, 2))
 
 
 def test_int_addmm_likes_truncate_scalars(no_fallback):

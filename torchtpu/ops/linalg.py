@@ -744,12 +744,542 @@ def linalg_solve_triangular(self, B, upper, left=True, unitriangular=False):
     ).astype(B.dtype)
 
 
+# matrix_exp as PyTorch computes it (Bader, Blanes & Casas' optimized Taylor polynomials, the
+# degree picked per matrix from its 1-norm, scaling and squaring past the last threshold), so the
+# rounding errors of large-norm inputs match CPU's rather than a Pade approximant's.
+_MEXP_THETAS = {
+    4: (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02, 5.800524627688768e-01,
+        1.461661507209034e+00, 3.010066362817634e+00),
+    8: (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04, 4.991228871115323e-02,
+        2.996158913811580e-01, 1.090863719290036e+00),
+}
+_T12_B = ((9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+          (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031, 0.01108844528519167989),
+          (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968, 0.00610700528898058230),
+          (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079, -0.00675951846863086359))
+_T18_B = ((0., -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04, 0.),
+          (0., 3.97849749499645077844e-01, 1.36783778460411720168e+00, 4.98289622525382669416e-01,
+           -6.37898194594723280150e-04),
+          (-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
+           -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+          (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+           2.95552570429315521194e-02, -1.39180257516060693404e-05),
+          (0., 0., -9.23364619367118555360e-02, -1.69364939002081722752e-02, -1.40086798182036094347e-05))
+
+
+def _mexp_polys(A):
+    """The Taylor approximants T1, T2, T4, T8, T12, T18 of exp(A), A batched (b, n, n)."""
+    dt = A.dtype
+    real = jnp.finfo(dt).dtype
+    I = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=dt), A.shape)
+    mm = _matmul
+    A2 = mm(A, A).astype(dt)
+    A3 = mm(A, A2).astype(dt)
+
+    def comb(mats, coeffs):
+        out = jnp.zeros_like(A)
+        for m, c in zip(mats, coeffs):
+            out = out + jnp.asarray(c, real).astype(dt) * m
+        return out
+
+    t1 = I + A
+    t2 = I + A + A2 / 2
+    t4 = comb((I, A, mm(A2, comb((I, A, A2), (1 / 2.0, 1 / 6.0, 1 / 24.0))).astype(dt)), (1.0, 1.0, 1.0))
+    sqrt_177 = 0.1330413469565007072504e+2
+    x3 = 2.0 / 3.0
+    x1 = x3 * ((1.0 + sqrt_177) / 88.0)
+    x2 = x3 * ((1.0 + sqrt_177) / 352.0)
+    x4 = (-271.0 + 29.0 * sqrt_177) / (315.0 * x3)
+    x5 = (-11.0 + 11.0 * sqrt_177) / (1260.0 * x3)
+    x6 = (-99.0 + 11.0 * sqrt_177) / (5040.0 * x3)
+    x7 = (89.0 - sqrt_177) / (5040.0 * x3)
+    y2 = (857.0 - 58.0 * sqrt_177) / 630.0
+    a4 = mm(A2, comb((A, A2), (x1, x2))).astype(dt)
+    a8 = mm(comb((A2, a4), (x3, 1.0)), comb((I, A, A2, a4), (x4, x5, x6, x7))).astype(dt)
+    t8 = comb((I, A, A2, a8), (1.0, 1.0, y2, 1.0))
+    B = [comb((I, A, A2, A3), row) for row in _T12_B]
+    B[2] = B[2] + mm(B[3], B[3]).astype(dt)
+    t12 = B[0] + mm(B[1] + B[2], B[2]).astype(dt)
+    return t1, t2, t4, t8, t12
+
+
+def _mexp_t18(A):
+    dt = A.dtype
+    real = jnp.finfo(dt).dtype
+    I = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=dt), A.shape)
+    A2 = _matmul(A, A).astype(dt)
+    A3 = _matmul(A, A2).astype(dt)
+    P = [I, A, A2, A3, _matmul(A3, A3).astype(dt)]  # PyTorch's T18 combines I, A, A^2, A^3, A^6
+    B = []
+    for row in _T18_B:
+        out = jnp.zeros_like(A)
+        for m, c in zip(P, row):
+            out = out + jnp.asarray(c, real).astype(dt) * m
+        B.append(out)
+    B[3] = B[3] + _matmul(B[0], B[4]).astype(dt)
+    return B[1] + _matmul(B[2] + B[3], B[3]).astype(dt)
+
+
 @lower("linalg_matrix_exp")
 def linalg_matrix_exp(self):
     _check_float(self, "linalg.matrix_exp")
     _check_square(self, "linalg.matrix_exp")
-    if self.shape[-1] == 0:
+    n = self.shape[-1]
+    if n == 0 or self.size == 0:
         return self
-    flat = self.reshape((-1,) + self.shape[-2:])
-    out = jax.vmap(jax.scipy.linalg.expm)(flat)
-    return out.reshape(self.shape).astype(self.dtype)
+    if n == 1:
+        return jnp.exp(self)
+    dt = self.dtype
+    A = self.reshape((-1, n, n))
+    real = jnp.finfo(dt).dtype
+    th = [jnp.asarray(t, real) for t in _MEXP_THETAS[jnp.dtype(real).itemsize]]
+    norm = jnp.max(jnp.sum(jnp.abs(A), axis=-2), axis=-1)
+    # degree 18 with scaling and squaring (norm >= theta_12)
+    s = jnp.maximum(0, jnp.ceil(jnp.log2(norm / th[5]))).astype(jnp.int64)
+    s = jnp.where(jnp.isfinite(norm), s, 0)
+    scaled = A / jnp.power(2.0, s).astype(real)[:, None, None].astype(dt)
+    E = _mexp_t18(scaled)
+
+    def square(state):
+        p, E = state
+        return p + 1, jnp.where((p < s)[:, None, None], _matmul(E, E).astype(dt), E)
+
+    _, E = lax.while_loop(lambda st: st[0] < jnp.max(s), square, (jnp.int64(0), E))
+    t1, t2, t4, t8, t12 = _mexp_polys(A)
+    out = E
+    lo = jnp.asarray(-1, real)
+    for i, t in enumerate((t1, t2, t4, t8, t12)):
+        pick = (lo < norm) & (norm <= th[i]) & ~(norm >= th[4])
+        out = jnp.where(pick[:, None, None], t, out)
+        lo = th[i]
+    return out.reshape(self.shape).astype(dt)
+
+
+# --- Householder QR pieces: geqrf, householder_product (orgqr), ormqr ----------------------------
+
+
+@lower("geqrf")
+def geqrf(self):
+    _check_float(self, "torch.geqrf")
+    if self.ndim < 2:
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    m, n = self.shape[-2:]
+    if m == 0 or n == 0:
+        return self, jnp.zeros(self.shape[:-2] + (min(m, n),), self.dtype)
+    from jax._src.lax.linalg import geqrf as _geqrf  # public lax.linalg does not export it
+
+    a, tau = _geqrf(self)
+    return a.astype(self.dtype), tau.astype(self.dtype)
+
+
+def _householder_q(a, tau):
+    """H_1 H_2 ... H_k from the reflectors under a's diagonal (LAPACK orgqr); a is (..., m, n), m >= n."""
+    m, n = a.shape[-2:]
+    if m == 0 or n == 0:
+        return jnp.zeros(a.shape, a.dtype)
+    k = tau.shape[-1]
+    if k == 0:
+        return jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
+    return lax.linalg.householder_product(a, tau)
+
+
+@lower("linalg_householder_product")
+def linalg_householder_product(input, tau):
+    api = "torch.linalg.householder_product"
+    _check_float(input, api)
+    if input.ndim < 2:
+        raise RuntimeError(f"{api}: input must have at least 2 dimensions.")
+    m, n = input.shape[-2:]
+    if m < n:
+        raise RuntimeError(f"{api}: input.shape[-2] must be greater than or equal to input.shape[-1]")
+    if tau.shape[-1] > n:
+        raise RuntimeError(f"{api}: input.shape[-1] must be greater than or equal to tau.shape[-1]")
+    if input.ndim - tau.ndim != 1:
+        raise RuntimeError(f"{api}: Expected tau to have one dimension less than input, but got "
+                           f"tau.ndim equal to {tau.ndim} and input.ndim is equal to {input.ndim}")
+    if input.dtype != tau.dtype:
+        raise RuntimeError(f"{api}: tau dtype {_pretty(tau)} does not match input dtype {_pretty(input)}")
+    return _householder_q(input, tau).astype(input.dtype)
+
+
+@lower("ormqr")
+def ormqr(self, input2, input3, left=True, transpose=False):
+    """op(Q) @ C (left) or C @ op(Q), Q the product of geqrf's reflectors (LAPACK ormqr)."""
+    api = "torch.ormqr"
+    a, tau, C = self, input2, input3
+    _check_float(a, api)
+    if a.ndim < 2 or C.ndim < 2:
+        raise RuntimeError(f"{api}: input and other must have at least 2 dimensions.")
+    mq = C.shape[-2] if left else C.shape[-1]
+    if a.shape[-2] != mq:
+        raise RuntimeError(f"{api}: input.shape[-2] must be equal to other.shape[{-2 if left else -1}]")
+    k = tau.shape[-1]
+    if k > mq:
+        raise RuntimeError(f"{api}: tau.shape[-1] must be less than or equal to input.shape[-2]")
+    if a.dtype != tau.dtype or a.dtype != C.dtype:
+        raise RuntimeError(f"{api}: Expected input, tau and other to have the same dtype")
+    # The full mq x mq Q: pad the reflectors (and tau, with zeros: identity reflectors) to mq columns.
+    refl = a[..., :, :k]
+    refl = jnp.concatenate([refl, jnp.zeros(a.shape[:-1] + (mq - k,), a.dtype)], axis=-1)
+    taus = jnp.concatenate([tau, jnp.zeros(tau.shape[:-1] + (mq - k,), tau.dtype)], axis=-1)
+    Q = _householder_q(refl, taus)
+    if transpose:
+        Q = _mH(Q)
+    out = _matmul(Q, C) if left else _matmul(C, Q)
+    return out.astype(C.dtype)
+
+
+# --- eig: XLA has a general eigensolver on the CPU backend only; elsewhere it stays a CPU op ----
+
+
+def _linalg_eig_fn(self):
+    _check_float(self, "linalg.eig")
+    _check_square(self, "linalg.eig")
+    cdt = jnp.complex64 if jnp.dtype(self.dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.complex64)) \
+        else jnp.complex128
+    if self.shape[-1] == 0:
+        return jnp.zeros(self.shape[:-1], cdt), jnp.zeros(self.shape, cdt)
+    w, v = lax.linalg.eig(self, compute_left_eigenvectors=False, compute_right_eigenvectors=True)
+    return w.astype(cdt), v.astype(cdt)
+
+
+def _linalg_eigvals_fn(self):
+    _check_float(self, "linalg.eigvals")
+    _check_square(self, "linalg.eigvals")
+    cdt = jnp.complex64 if jnp.dtype(self.dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.complex64)) \
+        else jnp.complex128
+    if self.shape[-1] == 0:
+        return jnp.zeros(self.shape[:-1], cdt)
+    (w,) = lax.linalg.eig(self, compute_left_eigenvectors=False, compute_right_eigenvectors=False)
+    return w.astype(cdt)
+
+
+_EIG = _private("linalg_eig", _linalg_eig_fn)
+_EIGVALS = _private("_linalg_eigvals", _linalg_eigvals_fn)
+
+
+def _on_xla_cpu() -> bool:
+    from ..runtime.jaxenv import platform
+
+    return platform() == "cpu"
+
+
+@kernel("linalg_eig")
+def linalg_eig(self):
+    from ..eager.executor import execute
+
+    if _on_xla_cpu():
+        return execute(_EIG, (self,), {})
+    from ..eager import fallback
+
+    return fallback.run_on_cpu(torch.ops.aten.linalg_eig.default, (self,), {})
+
+
+@kernel("_linalg_eigvals")
+def _linalg_eigvals(self):
+    from ..eager.executor import execute
+
+    if _on_xla_cpu():
+        return execute(_EIGVALS, (self,), {})
+    from ..eager import fallback
+
+    return fallback.run_on_cpu(torch.ops.aten._linalg_eigvals.default, (self,), {})
+
+
+# --- least squares ---------------------------------------------------------------------------
+
+
+def _lstsq_fn(self, b, rcond=None, *, driver=None):
+    A, B = self, b
+    m, n = A.shape[-2:]
+    vector = B.ndim == A.ndim - 1
+    B_ = B[..., None] if vector else B
+    A_, B_ = _batch_broadcast(A, B_)
+    real = to_jax_dtype(_real_dtype(A))
+    if rcond is None:
+        rcond = float(jnp.finfo(real).eps) * max(m, n)
+    if m == 0 or n == 0:
+        X = jnp.zeros(A_.shape[:-2] + (n, B_.shape[-1]), A.dtype)
+        s = jnp.zeros(A_.shape[:-2] + (0,), real)
+        rank = jnp.zeros(A_.shape[:-2], jnp.int64)
+    elif driver == "gels":
+        # QR; A has full rank (LAPACK gels assumes it)
+        if m >= n:
+            q, r = lax.linalg.qr(A_, full_matrices=False)
+            X = lax.linalg.triangular_solve(r, _matmul(_mH(q), B_).astype(A.dtype), left_side=True, lower=False)
+        else:
+            q, r = lax.linalg.qr(_mH(A_), full_matrices=False)
+            y = lax.linalg.triangular_solve(r, B_, left_side=True, lower=False, transpose_a=True,
+                                            conjugate_a=jnp.iscomplexobj(r))
+            X = _matmul(q, y)
+        s = jnp.zeros(A_.shape[:-2] + (0,), real)
+        rank = jnp.zeros(A_.shape[:-2], jnp.int64)
+    else:
+        # the minimum-norm solution through the SVD, singular values under rcond * s_max dropped
+        u, s, vh = lax.linalg.svd(A_, full_matrices=False, compute_uv=True)
+        cut = s[..., :1] * rcond if rcond >= 0 else jnp.zeros_like(s[..., :1])
+        keep = s > cut
+        sinv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(A.dtype)
+        X = _matmul(_mH(vh), sinv[..., :, None] * _matmul(_mH(u), B_).astype(A.dtype))
+        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    X = X.astype(A.dtype)
+    if m > n and driver != "gelsy":
+        R = _matmul(A_, X).astype(A.dtype) - B_
+        res = jnp.sum(jnp.real(R * jnp.conj(R)) if jnp.iscomplexobj(R) else R * R, axis=-2).astype(real)
+    else:
+        res = jnp.zeros((0,), real)
+    if driver == "gelsy":
+        s = jnp.zeros((0,), real)
+    elif driver == "gels":
+        s = jnp.zeros((0,), real)
+        rank = jnp.zeros((0,), jnp.int64)
+    if vector:
+        X = X[..., 0]
+        if res.ndim and res.shape[-1] and res.ndim > 1:
+            res = res[..., 0]
+    return X, res, rank, s
+
+
+_LSTSQ = _private("linalg_lstsq", _lstsq_fn)
+
+
+@kernel("linalg_lstsq")
+def linalg_lstsq(self, b, rcond=None, *, driver=None):
+    """LAPACK's gelsy/gelsd/gelss/gels semantics (CPU's default: gelsy). The residuals of gelsd/gelss
+    exist only when every matrix has full rank: a host-side check, as on CPU."""
+    from ..eager.executor import execute
+
+    api = "torch.linalg.lstsq"
+    if self.dim() < 2:
+        raise RuntimeError(f"{api}: input must have at least 2 dimensions.")
+    if b.dim() < 1:
+        raise RuntimeError(f"{api}: other must have at least 1 dimension.")
+    if not (self.is_floating_point() or self.is_complex()) or self.dtype in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"{api}: Expected a floating point or complex tensor as input. Got {self.dtype}")
+    if self.dtype != b.dtype:
+        raise RuntimeError(f"{api}: Expected input and other to have the same dtype, but got "
+                           f"input's dtype {self.dtype} and other's dtype {b.dtype}")
+    vector = b.dim() == self.dim() - 1
+    if self.shape[-2] != b.shape[-1 if vector else -2]:
+        raise RuntimeError(f"{api}: input.size(-2) should match other.size({-1 if vector else -2})")
+    driver = driver or "gelsy"
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
+        raise RuntimeError(f"{api}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    X, res, rank, s = execute(_LSTSQ, (self, b), {"rcond": rcond, "driver": driver})
+    m, n = self.shape[-2:]
+    if m > n and driver in ("gelsd", "gelss") and not bool((rank.cpu() == n).all()):
+        res = torch.empty((0,), dtype=res.dtype, device=res.device)
+    return X, res, rank, s
+
+
+# --- LDL^T with Bunch-Kaufman pivoting (LAPACK sytf2/sytrs, lower storage) ---------------------
+# Real matrices natively, step by step as LAPACK's unblocked sytf2 does (the blocked sytrf gives
+# the same factors at these sizes); complex ones stay on CPU (LAPACK pivots on |re| + |im| there).
+
+_BK_ALPHA = (1.0 + 17.0 ** 0.5) / 8.0
+
+
+def _sym_lower(M):
+    return jnp.tril(M) + jnp.tril(M, -1).T
+
+
+def _sytf2_lower(A):
+    """One real (n, n) matrix, lower triangle read: (LD with the upper triangle zero, 1-based int32
+    pivots -- negative for 2x2 blocks --, int32 info)."""
+    n = A.shape[-1]
+    dt = A.dtype
+    idx = jnp.arange(n)
+    alpha = jnp.asarray(_BK_ALPHA, dt)
+
+    def body(state):
+        M, LD, piv, info, k = state
+        colk = M[:, k]
+        absakk = jnp.abs(M[k, k])
+        below = jnp.where(idx > k, jnp.abs(colk), -1)
+        imax = jnp.argmax(below)
+        colmax = jnp.where(k < n - 1, jnp.maximum(below[imax], 0), 0).astype(dt)
+        zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        rowv = jnp.where((idx >= k) & (idx != imax), jnp.abs(M[imax, :]), 0)
+        rowmax = jnp.max(rowv)
+        c1 = absakk >= alpha * colmax
+        c2 = absakk >= alpha * colmax * (colmax / jnp.where(rowmax == 0, 1, rowmax))
+        c3 = jnp.abs(M[imax, imax]) >= alpha * rowmax
+        one = zero | c1 | c2
+        kp = jnp.where(one, k, imax)
+        kstep = jnp.where(one | c3, 1, 2)
+        kk = k + kstep - 1
+        # interchange rows and columns kk and kp of the trailing (symmetric) matrix
+        perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        M = M[perm][:, perm]
+
+        def step1(M, LD):
+            d = M[k, k]
+            x = jnp.where(idx > k, M[:, k], 0)
+            r1 = 1 / d
+            M = _sym_lower(M + jnp.tril(x[:, None] * (-r1 * x)[None, :]))
+            col = jnp.where(idx > k, r1 * x, jnp.where(idx == k, d, 0))
+            return M, LD.at[:, k].set(col)
+
+        def step2(M, LD):
+            k1 = k + 1
+            d21 = M[k1, k]
+            d11 = M[k1, k1] / d21
+            d22 = M[k, k] / d21
+            t = 1 / (d11 * d22 - 1)
+            d21 = t / d21
+            rest = idx > k1
+            a0 = jnp.where(rest, M[:, k], 0)
+            a1 = jnp.where(rest, M[:, k1], 0)
+            wk = d21 * (d11 * a0 - a1)
+            wkp1 = d21 * (d22 * a1 - a0)
+            M = _sym_lower(M - jnp.tril(a0[:, None] * wk[None, :] + a1[:, None] * wkp1[None, :]))
+            c0 = jnp.where(rest, wk, jnp.where(idx == k, M[k, k], jnp.where(idx == k1, M[k1, k], 0)))
+            c1_ = jnp.where(rest, wkp1, jnp.where(idx == k1, M[k1, k1], 0))
+            return M, LD.at[:, k].set(c0).at[:, k1].set(c1_)
+
+        def stepz(M, LD):  # a zero (or NaN) column: LAPACK leaves it and records info
+            col = jnp.where(idx >= k, M[:, k], 0)
+            return M, LD.at[:, k].set(col)
+
+        branch = jnp.where(zero, 0, jnp.where(kstep == 1, 1, 2))
+        M, LD = lax.switch(branch, (stepz, step1, step2), M, LD)
+        info = jnp.where(zero & (info == 0), k + 1, info)
+        p1 = (kp + 1).astype(jnp.int32)
+        piv = jnp.where(kstep == 1, piv.at[k].set(p1), piv.at[k].set(-p1).at[jnp.minimum(k + 1, n - 1)].set(-p1))
+        return M, LD, piv, info, k + kstep
+
+    state = (_sym_lower(A), jnp.zeros_like(A), jnp.zeros((n,), jnp.int32), jnp.int32(0), jnp.int32(0))
+    _, LD, piv, info, _ = lax.while_loop(lambda s: s[4] < n, body, state)
+    return LD, piv, info
+
+
+def _ldl_factor_fn(self, *, hermitian=False, check_errors=False):
+    n = self.shape[-1]
+    batch = self.shape[:-2]
+    if n == 0 or any(b == 0 for b in batch):
+        return self, jnp.zeros(self.shape[:-1], jnp.int32), jnp.zeros(batch, jnp.int32)
+    flat = self.reshape((-1, n, n))
+    LD, piv, info = jax.vmap(_sytf2_lower)(flat)
+    return LD.reshape(self.shape), piv.reshape(self.shape[:-1]), info.reshape(batch)
+
+
+def _sytrs_lower(LD, piv, B):
+    """Solve A X = B from sytf2's lower factors (LAPACK sytrs)."""
+    n = LD.shape[-1]
+    idx = jnp.arange(n)
+
+    def swap(B, i, j):
+        perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return B[perm]
+
+    def fwd(state):  # L D Y = P^T B
+        B, k = state
+        p = piv[k]
+
+        def one(B):
+            B = swap(B, k, p - 1)
+            l = jnp.where(idx > k, LD[:, k], 0)
+            B = B - l[:, None] * B[k][None, :]
+            return B.at[k].set(B[k] / LD[k, k])
+
+        def two(B):
+            k1 = k + 1
+            B = swap(B, k1, -p - 1)
+            l0 = jnp.where(idx > k1, LD[:, k], 0)
+            l1 = jnp.where(idx > k1, LD[:, k1], 0)
+            B = B - l0[:, None] * B[k][None, :] - l1[:, None] * B[k1][None, :]
+            akm1k = LD[k1, k]
+            akm1 = LD[k, k] / akm1k
+            ak = LD[k1, k1] / akm1k
+            denom = akm1 * ak - 1
+            bkm1 = B[k] / akm1k
+            bk = B[k1] / akm1k
+            return B.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+
+        B = lax.cond(p > 0, one, two, B)
+        return B, k + jnp.where(p > 0, 1, 2)
+
+    def bwd(state):  # L^T P^T X = Y
+        B, k = state
+        p = piv[k]
+
+        def one(B):
+            l = jnp.where(idx > k, LD[:, k], 0)
+            B = B.at[k].add(-(l @ B))
+            return swap(B, k, p - 1)
+
+        def two(B):
+            km1 = k - 1
+            l = jnp.where(idx > k, LD[:, k], 0)
+            lm = jnp.where(idx > k, LD[:, km1], 0)
+            B = B.at[k].add(-(l @ B)).at[km1].add(-(lm @ B))
+            return swap(B, k, -p - 1)
+
+        B = lax.cond(p > 0, one, two, B)
+        return B, k - jnp.where(p > 0, 1, 2)
+
+    B, _ = lax.while_loop(lambda s: s[1] < n, fwd, (B, jnp.int32(0)))
+    B, _ = lax.while_loop(lambda s: s[1] >= 0, bwd, (B, jnp.int32(n - 1)))
+    return B
+
+
+def _ldl_solve_fn(LD, pivots, B, *, hermitian=False):
+    n = LD.shape[-1]
+    batch = jnp.broadcast_shapes(LD.shape[:-2], B.shape[:-2])
+    out_shape = batch + B.shape[-2:]
+    if n == 0 or B.shape[-1] == 0 or any(b == 0 for b in batch):
+        return jnp.zeros(out_shape, B.dtype)
+    LD_ = jnp.broadcast_to(LD, batch + LD.shape[-2:]).reshape((-1, n, n))
+    piv_ = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]).reshape((-1, n))
+    B_ = jnp.broadcast_to(B, out_shape).reshape((-1,) + B.shape[-2:])
+    X = jax.vmap(_sytrs_lower)(LD_, piv_, B_)
+    return X.reshape(out_shape).astype(B.dtype)
+
+
+_LDL_FACTOR = _private("linalg_ldl_factor_ex", _ldl_factor_fn)
+_LDL_SOLVE = _private("linalg_ldl_solve", _ldl_solve_fn)
+
+
+def _real_float(t) -> bool:
+    return t.dtype in (torch.float32, torch.float64)
+
+
+@kernel("linalg_ldl_factor_ex")
+def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
+    from ..eager import fallback
+    from ..eager.executor import execute
+
+    api = "torch.linalg.ldl_factor_ex"
+    if self.dim() < 2:
+        raise RuntimeError(f"{api}: The input tensor A must have at least 2 dimensions.")
+    if self.shape[-1] != self.shape[-2]:
+        raise RuntimeError(f"{api}: A must be batches of square matrices, but they are "
+                           f"{self.shape[-2]} by {self.shape[-1]} matrices")
+    if not _real_float(self):
+        return fallback.run_on_cpu(torch.ops.aten.linalg_ldl_factor_ex.default, (self,),
+                                   {"hermitian": hermitian, "check_errors": check_errors})
+    LD, piv, info = execute(_LDL_FACTOR, (self,), {"hermitian": hermitian, "check_errors": check_errors})
+    if check_errors:
+        torch.ops.aten._linalg_check_errors(info, "torch.linalg.ldl_factor_ex", is_matrix=self.dim() == 2)
+    return LD, piv, info
+
+
+@kernel("linalg_ldl_solve")
+def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
+    from ..eager import fallback
+    from ..eager.executor import execute
+
+    api = "torch.linalg.ldl_solve"
+    if LD.dim() < 2 or B.dim() < 2:
+        raise RuntimeError(f"{api}: LD and B must have at least 2 dimensions.")
+    if LD.shape[-1] != B.shape[-2]:
+        raise RuntimeError(f"{api}: Incompatible shapes of A and B for the equation AX = B "
+                           f"({LD.shape[-2]}x{LD.shape[-1]} and {B.shape[-2]}x{B.shape[-1]})")
+    if pivots.dtype != torch.int32:
+        raise RuntimeError(f"{api}: Expected LD.dtype to be int32, but got pivots with dtype {pivots.dtype}")
+    if LD.dtype != B.dtype:
+        raise RuntimeError(f"{api}: Expected LD and B to have the same dtype, but got {LD.dtype} and {B.dtype}")
+    if not _real_float(LD):
+        return fallback.run_on_cpu(torch.ops.aten.linalg_ldl_solve.default, (LD, pivots, B),
+                                   {"hermitian": hermitian})
+    return execute(_LDL_SOLVE, (LD, pivots, B), {"hermitian": hermitian})

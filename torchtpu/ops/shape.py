@@ -218,3 +218,91 @@ def transpose_copy(self, dim0, dim1):
     if self.ndim == 0:
         return self
     return jnp.swapaxes(self, _wrap(dim0, self.ndim), _wrap(dim1, self.ndim))
+
+
+# --- scatters into views (functional): out = self with a view of it replaced by src ------------
+# Lowered here rather than left to their CompositeExplicitAutograd kernels: those clone `self`
+# through `clone_preserve_strides`, which sizes the clone by the storage's nbytes -- zero for a
+# tpu storage (its data lives in the jax buffer), so the clone came out empty.
+
+
+def _check_src(src, want, op):
+    if tuple(src.shape) != tuple(want):
+        raise RuntimeError(f"{op}: expected src to have a size equal to the slice of self. "
+                           f"src size = {list(src.shape)}, slice size = {list(want)}")
+
+
+@lower("select_scatter")
+def select_scatter(self, src, dim, index):
+    if self.ndim == 0:
+        raise IndexError("select_scatter(): cannot be applied to a 0-dim tensor.")
+    dim = _wrap(dim, self.ndim)
+    n = self.shape[dim]
+    if not -n <= index < n:
+        raise IndexError(f"select_scatter(): index {index} out of range for tensor of size "
+                         f"{list(self.shape)} at dimension {dim}")
+    index = index + n if index < 0 else index
+    _check_src(src, self.shape[:dim] + self.shape[dim + 1:], "select_scatter")
+    return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
+
+
+@lower("slice_scatter")
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    if self.ndim == 0:
+        raise IndexError("slice_scatter(): cannot be applied to a 0-dim tensor.")
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    dim = _wrap(dim, self.ndim)
+    n = self.shape[dim]
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    idx = (slice(None),) * dim + (slice(start, end, step),)
+    _check_src(src, self[idx].shape, "slice_scatter")
+    return self.at[idx].set(src.astype(self.dtype))
+
+
+@lower("diagonal_scatter")
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = _wrap(dim1, self.ndim), _wrap(dim2, self.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    n1, n2 = self.shape[d1], self.shape[d2]
+    if offset >= 0:
+        length = max(0, min(n1, n2 - offset))
+        rows, cols = jnp.arange(length), jnp.arange(length) + offset
+    else:
+        length = max(0, min(n1 + offset, n2))
+        rows, cols = jnp.arange(length) - offset, jnp.arange(length)
+    moved = jnp.moveaxis(self, (d1, d2), (-2, -1))
+    _check_src(src, moved.shape[:-2] + (length,), "diagonal_scatter")
+    if length == 0:
+        return self
+    moved = moved.at[..., rows, cols].set(src.astype(self.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@lower("as_strided_scatter")
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    # The view's geometry addresses `self`'s elements in row-major order (exact for a contiguous
+    # `self`, which is how the functional op is used: on a fresh clone of a base).
+    from ..runtime import geometry
+
+    size, stride = tuple(size), tuple(stride)
+    offset = 0 if storage_offset is None else storage_offset
+    _check_src(src, size, "as_strided_scatter")
+    if len(size) != len(stride):
+        raise RuntimeError(f"mismatch in length of strides and shape: {list(size)} vs {list(stride)}")
+    numel = 1
+    for s in self.shape:
+        numel *= s
+    if all(s > 0 for s in size):
+        last = offset + sum((s - 1) * st for s, st in zip(size, stride))
+        if offset < 0 or last >= numel:
+            raise RuntimeError(f"as_strided_scatter: size {list(size)}, stride {list(stride)} and storage "
+                               f"offset {offset} reach element {last} of a tensor with {numel} elements")
+    flat = geometry.write(self.reshape(-1), src.astype(self.dtype), size, stride, offset)
+    return flat.reshape(self.shape)
