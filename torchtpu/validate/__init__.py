@@ -5,6 +5,7 @@ import importlib
 
 VALIDATORS: dict[str, str] = {
     "ops": "torchtpu.validate.ops:main",
+    "hf": "torchtpu.validate.hf:main",
 }
 
 
