@@ -9,9 +9,8 @@ import warnings
 
 import pytest
 import torch
-from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.testing._internal.opinfo.core import BinaryUfuncInfo, DecorateInfo, ReductionOpInfo, UnaryUfuncInfo
+from torch.testing._internal.opinfo.core import BinaryUfuncInfo, ReductionOpInfo, UnaryUfuncInfo
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torchtpu
@@ -23,7 +22,7 @@ from torchtpu.validate.ops import NONDETERMINISTIC
 SAMPLES = 2
 DTYPES = (torch.float16, torch.bfloat16)
 # assert_close's defaults (rtol, atol)
-_DEFAULT_TOL = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
+from torchtpu.validate.ops import _HALF_TOL as _DEFAULT_TOL, opinfo_tolerance
 
 # Elementwise ops that are plain OpInfos (not Unary/BinaryUfuncInfo).
 _POINTWISE = {
@@ -71,8 +70,6 @@ OPS = {_name(o): o for o in op_db if family(o) is not None}
 
 # Known gaps, (OpInfo, dtype, sample index) -> reason; strict xfails.
 _CHALF = "complex32 has no JAX/XLA dtype: the tpu device rejects it with a clear TypeError"
-_ADDR = ("CPU's addr kernel rounds to the half dtype after every multiply and add; "
-         "linalg.py's addr rounds once (patch in the issue 3 fp16/bf16 report)")
 XFAIL = {
     ("complex", torch.float16, 0): _CHALF,
     ("complex", torch.float16, 1): _CHALF,
@@ -80,21 +77,11 @@ XFAIL = {
     ("chalf", torch.float16, 1): _CHALF,
     ("chalf", torch.bfloat16, 0): _CHALF,
     ("chalf", torch.bfloat16, 1): _CHALF,
-    ("addr", torch.float16, 1): _ADDR,
 }
 
 
 def tolerance(op, dtype):
-    """PyTorch's (rtol, atol) for `dtype`: assert_close's default, widened by the OpInfo's own
-    toleranceOverride / precisionOverride decorators for that dtype."""
-    rtol, atol = _DEFAULT_TOL[dtype]
-    for d in op.decorators:
-        for dec in d.decorators if isinstance(d, DecorateInfo) else [d]:
-            if isinstance(dec, toleranceOverride) and dtype in dec.d:
-                rtol, atol = max(rtol, dec.d[dtype].rtol), max(atol, dec.d[dtype].atol)
-            elif isinstance(dec, precisionOverride) and dtype in dec.d:
-                atol = max(atol, dec.d[dtype])
-    return rtol, atol
+    return opinfo_tolerance(op, dtype)
 
 
 def compare(actual, expected, rtol, atol, values=True):

@@ -297,3 +297,21 @@ def test_rrelu():
     x2 = x.clone()
     F.rrelu_(x2, training=True)
     assert torch.equal(x2.cpu()[xc >= 0], xc[xc >= 0])
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_interface_forward_backward(dim, no_fallback):
+    torch.manual_seed(0)
+    v = torch.randn(8, 4, 3, requires_grad=True)
+    gshape = [1, 1, 1]
+    gshape[dim] = v.shape[dim]
+    g = torch.randn(gshape, requires_grad=True)
+    w = torch._weight_norm(v, g, dim)
+    vt, gt = (t.detach().to("tpu").requires_grad_() for t in (v, g))
+    wt = torch._weight_norm(vt, gt, dim)
+    torch.testing.assert_close(wt.cpu(), w)
+    up = torch.randn_like(w)
+    grads = torch.autograd.grad(w, (v, g), up)
+    grads_t = torch.autograd.grad(wt, (vt, gt), up.to("tpu"))
+    for a, b in zip(grads_t, grads):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)

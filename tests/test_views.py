@@ -224,3 +224,18 @@ def test_fast_view_errors_match_cpu(op):
         op(base)
     with pytest.raises(type(cpu_err.value)):
         op(base.to("tpu"))
+
+
+@pytest.mark.parametrize("view", ["unsqueeze", "slice", "transpose", "select", "view"])
+def test_views_of_conj_and_neg_keep_their_bits(view):
+    f = {
+        "unsqueeze": lambda t: t.unsqueeze(0),
+        "slice": lambda t: t[:, 1:],
+        "transpose": lambda t: t.t(),
+        "select": lambda t: t[1],
+        "view": lambda t: t.view(-1),
+    }[view]
+    z = torch.randn(2, 3, dtype=torch.complex64)
+    zt = z.to("tpu")
+    torch.testing.assert_close(f(zt.conj()).cpu(), f(z.conj()))
+    torch.testing.assert_close(f(torch.ops.aten._neg_view(zt)).cpu(), f(torch.ops.aten._neg_view(z)))

@@ -185,6 +185,15 @@ def baddbmm(self, batch1, batch2, beta=1, alpha=1):
 def addbmm(self, batch1, batch2, beta=1, alpha=1):
     _bmm_checks(batch1, batch2)
     acc = _acc(batch1.dtype)
+    if jnp.dtype(batch1.dtype) in _HALF and batch1.shape[0] > 1:
+        # PyTorch CPU runs one addmm_ per batch into the float16/bfloat16 result, rounding it
+        # after each: r = beta*self + alpha*b1[0]@b2[0]; then r = r + alpha*b1[i]@b2[i].
+        prods = jnp.einsum("bnk,bkp->bnp", batch1, batch2, precision=HIGHEST, preferred_element_type=acc)
+
+        def step(r, p):
+            return (r.astype(acc) + _scaled_prod(p, alpha)).astype(batch1.dtype), None
+
+        return jax.lax.scan(step, _combine(self, prods[0], beta, alpha, batch1.dtype), prods[1:])[0]
     prod = jnp.einsum("bnk,bkp->np", batch1, batch2, precision=HIGHEST, preferred_element_type=acc)
     return _combine(self, prod, beta, alpha, batch1.dtype)
 
@@ -255,6 +264,15 @@ def addr(self, vec1, vec2, beta=1, alpha=1):
     from .registry import DEFAULT
 
     _, out = result_dtypes(DEFAULT, self, vec1, vec2)
+    if jnp.dtype(out) in _HALF:
+        # PyTorch CPU's addr kernel computes in the half dtype itself, rounding after every
+        # multiply and add: beta*self + (alpha*vec1)*vec2, beta/alpha cast to the dtype;
+        # beta == 0 ignores self (NaN/inf included).
+        a = jnp.asarray(alpha).astype(out)
+        b = jnp.asarray(beta).astype(out)
+        prod = (a * vec1.astype(out))[:, None] * vec2.astype(out)[None, :]
+        s = b * jnp.broadcast_to(self, prod.shape).astype(out)
+        return jnp.where(b == 0, prod, s + prod)
     acc = _acc(out)
     if jnp.dtype(out) == jnp.dtype(jnp.bool_):
         prod = vec1.astype(bool)[:, None] & vec2.astype(bool)[None, :]

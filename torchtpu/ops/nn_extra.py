@@ -961,3 +961,31 @@ def _ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_le
         grad, log_probs, targets, input_lengths.cpu().tolist(), target_lengths.cpu().tolist(),
         neg_log_likelihood, log_alpha, blank, zero_infinity,
     )
+
+
+# --- weight norm -----------------------------------------------------------------
+
+
+def _norm_except(v, dim):
+    """||v|| over every dim but `dim`, kept as size-1 dims (the shape of g)."""
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=axes, keepdims=True))
+
+
+@lower("_weight_norm_interface")
+def _weight_norm_interface(v, g, dim=0):
+    acc = jnp.float32 if v.dtype in (jnp.float16, jnp.bfloat16) else v.dtype
+    norm = _norm_except(v.astype(acc), dim)
+    w = v.astype(acc) * (g.astype(acc) / norm)
+    return w.astype(v.dtype), norm.astype(acc)
+
+
+@lower("_weight_norm_interface_backward")
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    acc = saved_norms.dtype
+    v, g, n, gw = (x.astype(acc) for x in (saved_v, saved_g, saved_norms, grad_w))
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    dot = jnp.sum(gw * v, axis=axes, keepdims=True)
+    grad_g = dot / n
+    grad_v = (g / n) * (gw - v * (dot / (n * n)))
+    return grad_v.astype(saved_v.dtype), grad_g.astype(saved_g.dtype)

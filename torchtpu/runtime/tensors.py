@@ -27,6 +27,12 @@ def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | N
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
     out = _create((0,), dtype or base.dtype)
     _set_storage.redispatch(_CPU, out, base.untyped_storage(), offset, list(shape), list(stride))
+    if out.is_complex() and base.is_complex():
+        # lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them
+        if base.is_conj():
+            torch._C._set_conj(out, True)
+        if base.is_neg():
+            torch._C._set_neg(out, True)
     return out
 
 

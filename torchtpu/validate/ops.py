@@ -96,7 +96,7 @@ def _clone(x):
     return x
 
 
-def _compare(actual, expected, values: bool, dtype, device: str = "tpu") -> None:
+def _compare(actual, expected, values: bool, dtype, device: str = "tpu", op=None) -> None:
     """`device`: where the results belong ("cpu" when the sample asks for it, e.g. empty_like(x, device="cpu"))."""
     a_leaves, a_spec = tree_flatten(actual)
     e_leaves, e_spec = tree_flatten(expected)
@@ -117,19 +117,37 @@ def _compare(actual, expected, values: bool, dtype, device: str = "tpu") -> None
                     ec = ec.resolve_conj()
                 if ec.is_neg():
                     ec = ec.resolve_neg()
-                torch.testing.assert_close(ac, ec, equal_nan=True, check_stride=False, **_tol(dtype, ec.dtype))
+                torch.testing.assert_close(ac, ec, equal_nan=True, check_stride=False, **_tol(dtype, ec.dtype, op))
         elif values and isinstance(e, float) and isinstance(a, float):
             torch.testing.assert_close(a, e, equal_nan=True)
         elif values and a != e and not (isinstance(e, float) and e != e):
             raise AssertionError(f"{a!r} != {e!r}")
 
 
-def _tol(dtype, out_dtype):
-    # PyTorch's defaults per dtype, loosened for low precision as its own OpInfo tests do.
-    if out_dtype in (torch.float16,):
-        return {"rtol": 1e-3, "atol": 1e-3}
-    if out_dtype in (torch.bfloat16,):
-        return {"rtol": 1.6e-2, "atol": 1e-2}
+# assert_close's defaults for the half types (rtol, atol)
+_HALF_TOL = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
+
+
+def opinfo_tolerance(op, dtype) -> tuple[float, float]:
+    """PyTorch's (rtol, atol) for a half dtype: assert_close's default, widened by the
+    OpInfo's own toleranceOverride / precisionOverride decorators for that dtype."""
+    from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
+    from torch.testing._internal.opinfo.core import DecorateInfo
+
+    rtol, atol = _HALF_TOL[dtype]
+    for d in getattr(op, "decorators", ()) or ():
+        for dec in d.decorators if isinstance(d, DecorateInfo) else [d]:
+            if isinstance(dec, toleranceOverride) and dtype in dec.d:
+                rtol, atol = max(rtol, dec.d[dtype].rtol), max(atol, dec.d[dtype].atol)
+            elif isinstance(dec, precisionOverride) and dtype in dec.d:
+                atol = max(atol, dec.d[dtype])
+    return rtol, atol
+
+
+def _tol(dtype, out_dtype, op=None):
+    if out_dtype in _HALF_TOL:
+        rtol, atol = opinfo_tolerance(op, out_dtype)
+        return {"rtol": rtol, "atol": atol}
     if out_dtype in (torch.float32, torch.complex64):
         return {"rtol": 1.3e-5, "atol": 1e-5}
     return {}
@@ -296,7 +314,7 @@ def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int):
     try:
         actual = post(op(tpu_sample[0], *tpu_sample[1], **tpu_sample[2]))
         fb = torchtpu.metrics()["fallback_ops"]
-        _compare(actual, expected, values, dtype, device)
+        _compare(actual, expected, values, dtype, device, op)
     except AssertionError as e:
         res.detail = res.detail or f"forward: {_short(e)}"
         return "mismatch", "skipped"
@@ -318,7 +336,7 @@ def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int):
         ag = _grads(actual, _grad_inputs_from(tpu_sample), seed)
         fb = torchtpu.metrics()["fallback_ops"]
         _compare([g for g in ag if g is not None] if ag else [],
-                 [g for g in eg if g is not None], values, dtype)
+                 [g for g in eg if g is not None], values, dtype, op=op)
     except AssertionError as e:
         res.detail = res.detail or f"backward: {_short(e)}"
         return fwd, "mismatch"
