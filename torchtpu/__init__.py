@@ -26,6 +26,7 @@ _kernels.register_kernels()
 _kernels.register_lowerings()
 
 _deferred.install_hooks()
+from . import distributed as _distributed  # noqa: E402,F401 - registers the c10d backend "tpu"
 
 __version__ = "0.1.0"
 

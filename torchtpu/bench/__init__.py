@@ -9,6 +9,7 @@ BENCHMARKS: dict[str, str] = {
     "eager": "torchtpu.bench.eager:main",
     "modes": "torchtpu.bench.modes:main",
     "compile": "torchtpu.bench.compile:main",
+    "dist": "torchtpu.bench.dist:main",
 }
 
 

@@ -57,7 +57,7 @@ def device() -> jax.Device:
     """The XLA device torchtpu drives: a TPU if present, else a GPU, else the host CPU."""
     global _device
     if _device is None:
-        _device = jax.devices()[0]
+        _device = jax.local_devices()[0]
     return _device
 
 

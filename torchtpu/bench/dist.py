@@ -1,0 +1,185 @@
+"""Data-parallel training over the c10d backend "tpu", in one run.
+
+    python -m torchtpu.bench dist [--steps N] [--warmup W] [--batch B] [--seq S] [--mode strict|defer_and_fuse]
+
+Training step (forward + backward + AdamW) of the small GPT (2 layers, d=128), batch B
+per process:
+  1. 1 process, no DDP: the baseline;
+  2. 2 processes, DDP with skinny collectives (one XLA executable per all-reduce bucket);
+  3. the same 2 processes, DDP inside `no_sync()`: the step without gradient
+     communication, timed in blocks interleaved with (2), so (2) - (3) is what the
+     collectives (and DDP's bucket copies) cost.
+Each process is launched as torchrun would (env://, RANK/WORLD_SIZE/MASTER_ADDR/PORT)
+on XLA:CPU unless a TPU/GPU is present. ms/step is the median over timing blocks,
+after warm-up; losses are read back once at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world: int, args: list[str]) -> list[dict]:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        procs.append(subprocess.Popen([sys.executable, "-m", "torchtpu.bench.dist", "--worker", *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        so, se = p.communicate()
+        line = next((ln for ln in so.splitlines() if ln.startswith("RESULT ")), None)
+        if p.returncode != 0 or line is None:
+            tail = "\n".join(ln for ln in se.splitlines() if not ln.startswith(("W1", "I1", "    @")))[-3000:]
+            raise SystemExit(f"worker failed (rc={p.returncode}):\n{tail}")
+        results.append(json.loads(line[len("RESULT "):]))
+    return results
+
+
+def _worker(argv) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--kind", choices=("single", "ddp"))
+    p.add_argument("--steps", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--mode")
+    a = p.parse_args(argv)
+
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import torchtpu
+
+    from .models import TinyGPT
+
+    torchtpu.set_eager_mode(a.mode)
+    world, rank = 1, 0
+    if a.kind != "single":
+        t0 = time.perf_counter()
+        dist.init_process_group("tpu")
+        init_s = time.perf_counter() - t0
+        world, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        init_s = 0.0
+    g = torch.Generator().manual_seed(rank)
+    data = [torch.randint(0, 256, (a.batch, a.seq + 1), generator=g) for _ in range(4)]
+    torch.manual_seed(0)
+    model = TinyGPT().to("tpu")
+    if a.kind != "single":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    batches = [(x[:, :-1].to("tpu"), x[:, 1:].to("tpu")) for x in data]
+    losses = []
+    variants = {"sync": contextlib.nullcontext}
+    if a.kind == "ddp":
+        variants["nosync"] = model.no_sync  # same step, no gradient communication
+
+    def step(i, ctx):
+        x, y = batches[i % len(batches)]
+        with ctx():
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad()
+            loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+
+    t0 = time.perf_counter()
+    i = 0
+    for ctx in variants.values():
+        for _ in range(a.warmup):
+            step(i, ctx)
+            i += 1
+    torch.tpu.synchronize()
+    warm_s = time.perf_counter() - t0
+    per = max(a.steps // a.rounds, 1)
+    blocks: dict = {k: [] for k in variants}
+    for _ in range(a.rounds):  # variants interleaved block by block: load drifts hit both alike
+        for name, ctx in variants.items():
+            if world > 1:
+                dist.barrier()  # start each block together
+            t0 = time.perf_counter()
+            for _ in range(per):
+                step(i, ctx)
+                i += 1
+            torch.tpu.synchronize()
+            blocks[name].append((time.perf_counter() - t0) * 1000 / per)
+    final = torch.stack(losses).cpu().tolist()
+    ms = {k: statistics.median(v) for k, v in blocks.items()}
+    print("RESULT " + json.dumps(dict(rank=rank, world=world, ms=ms, blocks=blocks, warmup_s=warm_s,
+                                      init_s=init_s, last_loss=final[-1])), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchtpu.bench dist")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4, help="timing blocks per configuration")
+    p.add_argument("--batch", type=int, default=8, help="sequences per process")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--mode", default="strict", choices=("strict", "defer_and_fuse"))
+    args = p.parse_args(argv)
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+              "--batch", str(args.batch), "--seq", str(args.seq), "--mode", args.mode]
+    rows = []
+    print(f"[1/2] 1 process, no DDP (baseline): warm-up {args.warmup} steps, then {args.steps} timed ...", flush=True)
+    t0 = time.perf_counter()
+    (one,) = _launch(1, ["--kind", "single", *common])
+    rows.append(("1 process (baseline)", 1, one["ms"]["sync"]))
+    print(f"      {one['ms']['sync']:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and compiles)",
+          flush=True)
+    print("[2/2] 2 processes, DDP, blocks with and without gradient all-reduce interleaved ...", flush=True)
+    t0 = time.perf_counter()
+    two = _launch(2, ["--kind", "ddp", *common])
+    # a data-parallel step ends when its slowest rank does
+    for name, key in (("2 processes, DDP skinny", "sync"), ("2 processes, DDP no_sync", "nosync")):
+        rows.append((name, 2, max(r["ms"][key] for r in two)))
+    print(f"      {rows[1][2]:.1f} / {rows[2][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up, "
+          f"init_process_group {max(r['init_s'] for r in two):.1f} s)", flush=True)
+
+    base = rows[0][2]
+    print()
+    print(f"DDP training step, small GPT (2 layers, d=128), batch {args.batch} x seq {args.seq} per process, "
+          f"eager mode {args.mode}, XLA:CPU collectives over gloo where no TPU; ms/step = median of "
+          f"{args.rounds} blocks of {max(args.steps // args.rounds, 1)} steps after {args.warmup} warm-up")
+    hdr = f"{'configuration':<28}{'procs':>6}{'ms/step':>10}{'vs 1 proc':>11}{'samples/s':>11}"
+    print(hdr)
+    print("-" * len(hdr))
+    for name, world, ms in rows:
+        print(f"{name:<28}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}")
+    ddp, nosync = rows[1][2], rows[2][2]
+    print()
+    print(f"gradient all-reduce cost (skinny collectives, DDP buckets): {ddp - nosync:.1f} ms/step "
+          f"({(ddp - nosync) / ddp * 100:.0f}% of the DDP step)")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        sys.exit(_worker(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))
