@@ -125,12 +125,8 @@ SUBSET: dict[str, str] = {
 SUBSET_TRAIN: dict[str, tuple[str, str]] = {
     "llama": ("match", "match"),
     "qwen2": ("match", "match"),
-    # Module.to("tpu") unties tied parameters (wte / lm_head): the embedding's gradient on tpu
-    # misses the LM head's contribution. A backend bug (device registration), not the harness.
-    "gpt2": ("mismatch", "match"),
+    # tied wte / lm_head: torchtpu.device.tied keeps them tied through Module.to("tpu")
+    "gpt2": ("match", "match"),
 }
 # Why a SUBSET / SUBSET_TRAIN entry is not "match" (shown as the xfail reason).
-KNOWN_FAILURES: dict[str, str] = {
-    "gpt2": "Module.to('tpu') unties tied weights (torch._has_compatible_shallow_copy_type is False "
-            "for tpu tensors), so wte.weight.grad misses lm_head's part",
-}
+KNOWN_FAILURES: dict[str, str] = {}
