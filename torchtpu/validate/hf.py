@@ -23,7 +23,6 @@ import copy
 import inspect
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -40,6 +39,7 @@ import torchtpu  # noqa: E402
 
 from . import hf_configs as C  # noqa: E402
 from .progress import Progress  # noqa: E402
+from .timeout import Timeout as _Timeout, time_limit as _time_limit  # noqa: E402
 
 STATES = ("match", "mismatch", "tpu-error", "cpu-error", "skipped")
 MODES = ("strict", "defer_and_fuse", "compile")
@@ -489,28 +489,6 @@ def _failing_op(e: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Running one model
-
-
-class _Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _Timeout(f"timed out after {seconds}s")
-
-    old = signal.signal(signal.SIGALRM, handler)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def compile_available() -> bool:

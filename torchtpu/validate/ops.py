@@ -16,12 +16,10 @@ OpInfos (no float32/int64 on CPU) run in complex64.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
 import random
-import signal
 import sys
 import time
 import warnings
@@ -34,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import torchtpu
 
 from .progress import Progress
+from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
 STATES = ("pass-native", "pass-with-fallback", "mismatch", "error", "skipped")
 _RANK = {s: i for i, s in enumerate(("skipped", "pass-native", "pass-with-fallback", "mismatch", "error"))}
@@ -151,28 +150,6 @@ def _tol(dtype, out_dtype, op=None):
     if out_dtype in (torch.float32, torch.complex64):
         return {"rtol": 1.3e-5, "atol": 1e-5}
     return {}
-
-
-class _Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _Timeout(f"timed out after {seconds}s")
-
-    old = signal.signal(signal.SIGALRM, handler)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _grads(outs, inputs, seed: int):
