@@ -18,7 +18,6 @@ table does not hold is handled here by kind:
 from __future__ import annotations
 
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -64,10 +63,6 @@ def _meta_of(node_or_val):
     return v
 
 
-class Unsupported(NotImplementedError):
-    pass
-
-
 class Program:
     """The graph as a traceable function: (input values, rng data) -> (outputs, {input index: new value})."""
 
@@ -91,7 +86,7 @@ class Program:
                 low = registry.LOWERINGS.get(overload_name(n.target))
                 if low is not None and low.random:
                     self.n_random += 1
-                elif low is None and self._special(n) is None and not is_view(n.target):
+                elif low is None and n.target not in SPECIAL and not is_view(n.target):
                     name = overload_name(n.target)
                     if not eager_fallback.enabled():
                         raise NotImplementedError(
@@ -99,9 +94,6 @@ class Program:
                             f"(CPU fallback is disabled; see torchtpu.set_fallback)"
                         )
                     self.fallback_ops.append(name)
-
-    def _special(self, node):
-        return SPECIAL.get(node.target)
 
     def __call__(self, inputs, rngdata):
         env: dict = {}
@@ -122,11 +114,7 @@ class Program:
                     env[node] = target(*args, **kwargs)
                     continue
                 if target is aten.copy_.default and node.args[0] in index:
-                    dst = args[0]
-                    src = jnp.asarray(args[1])
-                    if src.dtype.kind == "c" and dst.dtype.kind != "c":
-                        src = jnp.real(src)
-                    new = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
+                    new = _copy(node, *args, **kwargs)
                     mutated[index[node.args[0]]] = new
                     env[node] = new
                     continue
@@ -283,12 +271,11 @@ def _view(node, target, args, kwargs):
     """A view of a dense value: the op's geometry on a contiguous meta tensor, then a read."""
     x = args[0]
     direct = _VIEWS.get(target)
-    if direct is not None and not (isinstance(x, jax.Array) and x.dtype != to_jax_dtype(_meta_of(node.args[0]).dtype)):
+    if direct is not None:
         return direct(*args, **kwargs)
     if target in (aten.as_strided.default,):
         return _as_strided(node, x, *args[1:], **kwargs)
-    margs = [_meta_like(a) if isinstance(a, jax.Array) or hasattr(a, "aval") else a for a in args]
-    margs = [_meta_like(a) if isinstance(a, jax.core.Tracer) else a for a in margs]
+    margs = [_meta_like(a) if hasattr(a, "aval") else a for a in args]  # arrays and tracers
     out = target(*margs, **kwargs)
     flat = jnp.asarray(x).reshape(-1)
 
@@ -389,14 +376,8 @@ def _passthrough(node, x, *args, **kwargs):
 
 
 def _copy(node, dst, src, non_blocking=False):
-    src = jnp.asarray(src)
-    if src.dtype.kind == "c" and dst.dtype.kind != "c":
-        src = jnp.real(src)
-    return jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
-
-
-def _rng_factory(node, *args, **kwargs):
-    raise Unsupported(f"torchtpu compile: {node.target} reached the compiler without a lowering")
+    # copy_'s value is the `copy` lowering's (broadcast, cast, complex -> real)
+    return registry.LOWERINGS["copy"].fn(dst, src)
 
 
 SPECIAL = {
@@ -458,5 +439,3 @@ def _cpu_callback(node, target, args, kwargs):
     rebuilt = [next(it) if isinstance(v, torch.Tensor) else v for v in flat_out]
     return torch.utils._pytree.tree_unflatten(rebuilt, out_tree)
 
-
-_ = operator  # getitem and SymInt arithmetic arrive as plain Python callables

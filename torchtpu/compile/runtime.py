@@ -26,16 +26,6 @@ from . import graph as _graph
 _NUMBERS = (bool, int, float)
 
 
-class _Input:
-    """How one graph input reaches the program."""
-
-    __slots__ = ("kind", "spec")
-
-    def __init__(self, kind, spec):
-        self.kind = kind  # "tpu" | "cpu" | "number" | "none"
-        self.spec = spec
-
-
 _COMPLEX = (torch.complex64, torch.complex128)
 
 
@@ -96,7 +86,6 @@ class CompiledGraph:
         ]
         self._jits: dict = {}
         self._lock = threading.Lock()
-        self.hlo_texts: list[str] = []
 
     def _make(self, sig, donate):
         """The jitted program for one input signature, and what its trace learns
@@ -227,7 +216,6 @@ def _maybe_dump(compiled: CompiledGraph, fn, donated, kept) -> None:
         return
     rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()
     text = fn.lower(donated, kept, rngdata).as_text()
-    compiled.hlo_texts.append(text)
     for sink in _dumping:
         sink.append((compiled.label, text))
     if path:
