@@ -16,19 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .nn import _HI, _opmath, _up  # shared with the core nn family
 from .registry import kernel, lower
-
-_HI = lax.Precision.HIGHEST
-_LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
-def _opmath(dt):
-    dt = jnp.dtype(dt)
-    return jnp.dtype(jnp.float32) if dt in _LOW_FLOATS else dt
-
-
-def _up(x):
-    return None if x is None else x.astype(_opmath(x.dtype))
 
 
 # --- channel_shuffle ----------------------------------------------------------
@@ -974,7 +963,7 @@ def _norm_except(v, dim):
 
 @lower("_weight_norm_interface")
 def _weight_norm_interface(v, g, dim=0):
-    acc = jnp.float32 if v.dtype in (jnp.float16, jnp.bfloat16) else v.dtype
+    acc = _opmath(v.dtype)
     norm = _norm_except(v.astype(acc), dim)
     w = v.astype(acc) * (g.astype(acc) / norm)
     return w.astype(v.dtype), norm.astype(acc)
