@@ -51,6 +51,24 @@ def dump_stablehlo(fn, *args, path: "str | _os.PathLike | None" = None, **kwargs
     return _dump(fn, *args, path=path, **kwargs)
 
 
+def set_collectives(mode: str) -> None:
+    """Where torch.compile puts the collectives of a graph (DDP's python reducer, DTensor,
+    FSDP2, dist.* calls): "in_graph" (default) makes them part of the compiled program;
+    "skinny" cuts the graph at each one and runs it as its own executable, for comparison.
+    The environment variable TORCHTPU_COLLECTIVES sets the default. Affects graphs
+    compiled after the call."""
+    from .compile.collectives import set_collectives as _set
+
+    _set(mode)
+
+
+def get_collectives() -> str:
+    """The collectives placement torch.compile uses now: "in_graph" or "skinny"."""
+    from .compile.collectives import get_collectives as _get
+
+    return _get()
+
+
 from .runtime import cache as _cache  # noqa: E402
 
 _cache.count_compile_time()
@@ -134,4 +152,6 @@ __all__ = [
     "lowered_ops",
     "compile_cache_dir",
     "dump_stablehlo",
+    "set_collectives",
+    "get_collectives",
 ]

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..metrics import bump
-from . import decomps
+from . import collectives, decomps
 from .runtime import CompiledGraph, _dumping
 
 _counter = {"graphs": 0}
@@ -35,9 +35,18 @@ _skip_our_frames()
 
 
 def _compiler(label: str):
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         _counter["graphs"] += 1
-        return CompiledGraph(gm, f"{label}{_counter['graphs']}")
+        name = f"{label}{_counter['graphs']}"
+        if collectives.collective_nodes(gm):
+            why = "skinny collectives requested" if collectives.get_collectives() == "skinny" \
+                else collectives.why_not_in_graph(gm)
+            if why is not None:
+                graph = collectives.SkinnyGraph(gm, name, CompiledGraph)
+                graph.reason = why
+                return graph
+            bump("in_graph_collective_graphs")
+        return CompiledGraph(gm, name)
 
     return compile_graph
 

@@ -30,6 +30,7 @@ from ..eager import fallback as eager_fallback
 from ..ops import registry
 from ..runtime import geometry, rng
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from . import collectives
 
 aten = torch.ops.aten
 
@@ -81,8 +82,12 @@ class Program:
         self.constants = {
             n.target: _constant(getattr(gm, n.target)) for n in self.nodes if n.op == "get_attr"
         }
+        # collectives: XLA collectives over the process group's mesh (the caller runs us SPMD)
+        self.collectives = collectives.context_of(gm)
         for n in self.nodes:
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+                if n.target in collectives.LOWERINGS:
+                    continue
                 low = registry.LOWERINGS.get(overload_name(n.target))
                 if low is not None and low.random:
                     self.n_random += 1
@@ -131,6 +136,9 @@ class Program:
         return result, mutated
 
     def _run(self, node, target, low, args, kwargs, key):
+        coll = collectives.LOWERINGS.get(target)
+        if coll is not None:
+            return coll(self.collectives, *args, **kwargs)
         if low is not None and low.mode == "functional":
             return registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), key)
         special = SPECIAL.get(target)
@@ -402,6 +410,8 @@ SPECIAL = {
     aten.alias.default: _passthrough,
     aten.lift_fresh.default: _passthrough,
     aten.contiguous.default: _passthrough,
+    # a collective's value is ready when the program's is
+    torch.ops._c10d_functional.wait_tensor.default: _passthrough,
 }
 
 

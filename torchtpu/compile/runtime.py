@@ -21,6 +21,7 @@ import torch
 from ..metrics import bump
 from ..runtime import geometry, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
+from . import collectives
 from . import graph as _graph
 
 _NUMBERS = (bool, int, float)
@@ -136,6 +137,8 @@ class CompiledGraph:
             learned["shapes"] = [None if o is None else tuple(o.shape) for o in outs]
             return [None if o is None else o.reshape(-1) for o in outs], written, packed
 
+        if program.collectives is not None:
+            return collectives.spmd(run, program.collectives, bool(donate)), learned
         return jax.jit(run, donate_argnums=(0,) if donate else ()), learned
 
     def _donatable(self, sig, bufs, entries) -> tuple:

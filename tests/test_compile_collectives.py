@@ -1,0 +1,206 @@
+"""Collectives inside torch.compile(backend="tpu") programs, on real 2-process jobs.
+
+Each test launches two ranks the way torchrun does and runs this file as a
+script in each (`python tests/test_compile_collectives.py MODE`), with
+TORCHTPU_COLLECTIVES=in_graph (one SPMD program holds the collectives) or skinny
+(the graph is cut at each collective). Oracles: the collectives' values worked
+out on the CPU from every rank's known inputs, and a single-process CPU run of
+the same model on the combined batch.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CFG = dict(vocab=64, d=32, layers=1, heads=2, max_len=16)
+B, T, STEPS = 2, 8, 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(mode: str, world: int = 2, timeout: float = 240.0) -> list[dict]:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), TF_CPP_MIN_LOG_LEVEL="2", TORCHTPU_COLLECTIVES=mode)
+        env.pop("PYTEST_CURRENT_TEST", None)
+        procs.append(subprocess.Popen([sys.executable, HERE, mode], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+        line = next((ln for ln in so.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            tail = "\n".join(ln for ln in se.splitlines() if not ln.startswith(("W1", "I1", "    @")))
+            raise AssertionError(f"rank failed (rc={p.returncode}):\n{tail[-5000:]}")
+        out.append(json.loads(line[len("RESULT "):]))
+    return out
+
+
+@pytest.fixture(scope="module", params=["in_graph", "skinny"])
+def job(request):
+    return request.param, _launch(request.param)
+
+
+def test_functional_collectives_compiled(job):
+    mode, ranks = job
+    for r in ranks:
+        assert r["collectives"] == {k: True for k in r["collectives"]}, r["collectives"]
+
+
+def test_graph_kind_follows_the_switch(job):
+    mode, ranks = job
+    for r in ranks:
+        if mode == "in_graph":
+            assert r["in_graph_graphs"] >= 2 and r["skinny_graphs"] == 0
+        else:
+            assert r["skinny_graphs"] >= 2 and r["in_graph_graphs"] == 0
+
+
+def test_compiled_ddp_matches_single_process_cpu(job):
+    mode, ranks = job
+    for r in ranks:
+        torch.testing.assert_close(r["losses"], r["ref_losses_mine"], rtol=1e-4, atol=1e-5)
+        assert r["param_max_rel"] < 1e-4, r["param_max_rel"]
+        assert r["fallbacks"] == {}
+
+
+# ----------------------------------------------------------------------------- in each rank
+
+
+def _collectives(rank: int, world: int) -> dict:
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+
+    def f(x, y, i):
+        a = funcol.all_reduce(x * 2, "sum", group)
+        m = funcol.all_reduce(x, "max", group)
+        g = funcol.all_gather_tensor(y + 1, 0, group)
+        s = funcol.reduce_scatter_tensor(g * 1.0, "sum", 0, group)
+        t = funcol.all_to_all_single(i, None, None, group)
+        b = funcol.broadcast(x, 1, group)
+        z = x.clone()
+        dist.all_reduce(z)  # Dynamo rewrites it into the functional form
+        return a.sin() + z, m, g, s, t, b
+
+    def inputs(r):
+        return (torch.arange(4.0).reshape(2, 2) + r, torch.ones(3) * (r + 1),
+                torch.arange(4) * 10 + r)
+
+    xs, ys, its = zip(*[inputs(r) for r in range(world)])
+    total = sum(xs)
+    gathered = torch.cat([y + 1 for y in ys])
+    expected = (
+        (2 * total).sin() + total,
+        torch.stack(xs).amax(0),
+        gathered,
+        (world * gathered).chunk(world)[rank],
+        torch.cat([it.chunk(world)[rank] for it in its]),
+        xs[1],
+    )
+    x, y, i = (v.to("tpu") for v in inputs(rank))
+    got = torch.compile(f, backend="tpu")(x, y, i)
+    names = ["all_reduce_sum", "all_reduce_max", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+    ok = {}
+    for n, e, g in zip(names, expected, got):
+        try:
+            torch.testing.assert_close(g.cpu(), e)
+            ok[n] = True
+        except AssertionError as err:
+            ok[n] = str(err)[:300]
+    return ok
+
+
+def _compiled_ddp(rank: int, world: int) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torchtpu
+    from torchtpu.bench.models import TinyGPT
+
+    g = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, CFG["vocab"], (B * world, T + 1), generator=g) for _ in range(STEPS)]
+    torch.manual_seed(0)
+    ref = TinyGPT(**CFG)
+    model = TinyGPT(**CFG)
+    model.load_state_dict(ref.state_dict())
+
+    def loss_of(m, batch):
+        return F.cross_entropy(m(batch[:, :-1]).reshape(-1, CFG["vocab"]), batch[:, 1:].reshape(-1))
+
+    # DDP's python reducer under compiled autograd: the bucket all-reduces become
+    # _c10d_functional ops in the compiled backward graph
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    ddp = DDP(model.to("tpu"))
+    compiled = torch.compile(ddp, backend="tpu")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    torchtpu.reset_metrics()
+    losses = []
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="tpu")):
+        for s in range(STEPS):
+            loss = loss_of(compiled, data[s][rank * B:(rank + 1) * B].to("tpu"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    losses = torch.stack(losses).cpu().tolist()
+    metrics = torchtpu.metrics()
+
+    # the CPU run on the combined batch; each rank's reported loss is its own half's
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    mine = []
+    for s in range(STEPS):
+        with torch.no_grad():
+            mine.append(loss_of(ref, data[s][rank * B:(rank + 1) * B]).item())
+        loss = loss_of(ref, data[s])
+        ropt.zero_grad()
+        loss.backward()
+        ropt.step()
+    rel = max(
+        ((p.detach().cpu() - q.detach()).abs().max() / q.detach().abs().max().clamp_min(1e-12)).item()
+        for p, q in zip(model.parameters(), ref.parameters())
+    )
+    return dict(losses=losses, ref_losses_mine=mine, param_max_rel=rel, fallbacks=metrics["fallback_ops"],
+                in_graph_graphs=metrics.get("in_graph_collective_graphs", 0),
+                skinny_graphs=metrics.get("skinny_graphs", 0))
+
+
+def _worker(mode: str) -> None:
+    import torchtpu
+
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torchtpu.reset_metrics()
+    out = dict(rank=rank, collectives=_collectives(rank, world))
+    m = torchtpu.metrics()
+    first = (m.get("in_graph_collective_graphs", 0), m.get("skinny_graphs", 0))
+    out.update(_compiled_ddp(rank, world))
+    out["in_graph_graphs"] += first[0]
+    out["skinny_graphs"] += first[1]
+    print("RESULT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])

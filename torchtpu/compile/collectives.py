@@ -1,0 +1,285 @@
+"""Collectives inside compiled graphs: in the program ("fat") or between programs ("skinny").
+
+Dynamo and aot_autograd turn `dist.all_reduce`, DTensor's and FSDP2's communication
+and DDP's python reducer into `_c10d_functional` ops. In-graph (the default), a
+graph holding them runs as one SPMD program over the process group's mesh (one
+XLA device per process): each rank's inputs are its blocks of global arrays,
+every collective is an XLA collective inside the program, and XLA may overlap it
+with the compute around it. Skinny (`TORCHTPU_COLLECTIVES=skinny` or
+`torchtpu.distributed.set_collectives("skinny")`) cuts the graph at each
+collective: the pieces between them are compiled programs, and each collective
+runs on its own through the process group, one executable per collective, as
+the eager path does. A graph whose collectives cannot share one SPMD program
+(several groups, uneven all_to_all splits) also takes the skinny path.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..metrics import bump
+
+funcol = torch.ops._c10d_functional
+AXIS = "r"  # the mesh axis of torchtpu.distributed's process-group programs
+
+_mode = {"value": None}
+
+
+def set_collectives(mode: str) -> None:
+    """'in_graph' (default): collectives are part of compiled programs; 'skinny': one
+    executable per collective between compiled pieces (for comparison)."""
+    if mode not in ("in_graph", "skinny"):
+        raise ValueError(f"torchtpu: collectives mode must be 'in_graph' or 'skinny', got {mode!r}")
+    _mode["value"] = mode
+
+
+def get_collectives() -> str:
+    mode = _mode["value"] or os.environ.get("TORCHTPU_COLLECTIVES", "in_graph")
+    if mode not in ("in_graph", "skinny"):
+        raise ValueError(f"TORCHTPU_COLLECTIVES must be 'in_graph' or 'skinny', got {mode!r}")
+    return mode
+
+
+def _group_arg(node) -> str | None:
+    """The group name a collective node names (its last string argument)."""
+    for a in reversed(list(node.args) + list(node.kwargs.values())):
+        if isinstance(a, str) and node.target is not funcol.wait_tensor.default:
+            return a
+    return None
+
+
+def is_collective(node) -> bool:
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace in ("_c10d_functional", "_c10d_functional_autograd", "c10d")
+            and node.target is not funcol.wait_tensor.default)
+
+
+def collective_nodes(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if is_collective(n)]
+
+
+def tpu_group(name: str):
+    """The torchtpu process group behind a c10d group name, or None."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    pg = _resolve_process_group(name)
+    if hasattr(pg, "_mesh_and_sharding"):
+        return pg
+    try:
+        backend = pg._get_backend(torch.device("tpu"))
+    except Exception:
+        return None
+    return backend if hasattr(backend, "_mesh_and_sharding") else None
+
+
+def why_not_in_graph(gm: torch.fx.GraphModule) -> str | None:
+    """None if every collective of the graph can live in one SPMD program, else why not."""
+    nodes = collective_nodes(gm)
+    names = {_group_arg(n) for n in nodes}
+    if len(names) != 1 or None in names:
+        return f"collectives over {len(names)} process groups"
+    for n in nodes:
+        if n.target not in LOWERINGS:
+            return f"{n.target} has no in-graph lowering"
+        if n.target is funcol.all_to_all_single.default:
+            out_splits, in_splits = n.args[1], n.args[2]
+            if len(set(out_splits)) > 1 or len(set(in_splits)) > 1:
+                return "all_to_all_single with uneven splits (each rank's shapes differ)"
+    if tpu_group(names.pop()) is None:
+        return "the process group is not a torchtpu ('tpu') group"
+    return None
+
+
+# ---- the collectives as JAX on each rank's block (inside shard_map over AXIS) ---------------
+
+_KINDS = {"sum": "sum", "avg": "avg", "max": "max", "min": "min", "product": "prod",
+          "band": "band", "bor": "bor", "bxor": "bxor"}
+
+
+def _kind(reduce_op: str, dtype) -> str:
+    from ..distributed import backend
+
+    k = _KINDS.get(reduce_op.lower())
+    if k is None:
+        raise NotImplementedError(f"torchtpu compile: reduce op {reduce_op!r} inside a compiled graph")
+    if dtype == jnp.bool_:
+        k = {"sum": "max", "avg": "max", "prod": "min", "band": "min", "bor": "max"}.get(k, k)
+    return k
+
+
+def _all_reduce(ctx, x, reduce_op, group_name):
+    from ..distributed import backend
+
+    return backend._allreduce_one(x, _kind(reduce_op, x.dtype), ctx.size)
+
+
+def _all_reduce_coalesced(ctx, xs, reduce_op, group_name):
+    return [_all_reduce(ctx, x, reduce_op, group_name) for x in xs]
+
+
+def _all_gather(ctx, x, group_size, group_name):
+    if x.ndim == 0:
+        x = x.reshape(1)
+    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+
+
+def _all_gather_coalesced(ctx, xs, group_size, group_name):
+    return [_all_gather(ctx, x, group_size, group_name) for x in xs]
+
+
+def _reduce_scatter(ctx, x, reduce_op, group_size, group_name):
+    from ..distributed import backend
+
+    w = ctx.size
+    out_shape = (x.shape[0] // w,) + tuple(x.shape[1:])
+    # dim 0 is the outermost, so rank r's rows are the r-th flat chunk
+    return backend._reduce_scatter_one(x.reshape(-1), _kind(reduce_op, x.dtype), w).reshape(out_shape)
+
+
+def _reduce_scatter_coalesced(ctx, xs, reduce_op, group_size, group_name):
+    return [_reduce_scatter(ctx, x, reduce_op, group_size, group_name) for x in xs]
+
+
+def _all_to_all_single(ctx, x, output_split_sizes, input_split_sizes, group_name):
+    return jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+
+
+def _broadcast(ctx, x, src, group_name):
+    return jax.lax.all_gather(x, AXIS)[src]
+
+
+LOWERINGS = {
+    funcol.all_reduce.default: _all_reduce,
+    funcol.all_reduce_coalesced.default: _all_reduce_coalesced,
+    funcol.all_gather_into_tensor.default: _all_gather,
+    funcol.all_gather_into_tensor_coalesced.default: _all_gather_coalesced,
+    funcol.reduce_scatter_tensor.default: _reduce_scatter,
+    funcol.reduce_scatter_tensor_coalesced.default: _reduce_scatter_coalesced,
+    funcol.all_to_all_single.default: _all_to_all_single,
+    funcol.broadcast.default: _broadcast,
+}
+
+
+class Context:
+    """What a graph's collectives run over: the group, its size, its mesh."""
+
+    def __init__(self, group):
+        self.group = group
+        self.size = group.size()
+        self.mesh, self.sharding = group._mesh_and_sharding()
+
+
+def context_of(gm: torch.fx.GraphModule) -> Context | None:
+    nodes = collective_nodes(gm)
+    if not nodes:
+        return None
+    return Context(tpu_group(_group_arg(nodes[0])))
+
+
+# ---- running a program as SPMD over the group's mesh -------------------------------------------
+
+def spmd(run, ctx: Context, donate: bool):
+    """jit(shard_map(run)) over the group's mesh, called with this rank's local values.
+
+    Every value crosses as a 1-D block of a global array (a tpu input is its flat
+    storage buffer already, so wrapping it is free); the program's outputs are
+    1-D too, so this rank's block of each is its result as it is.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    shapes: dict = {}
+
+    def body(donated, kept, rngdata):
+        leaves, tree = jax.tree_util.tree_flatten((donated, kept, rngdata))
+        leaves = [x.reshape(s) for x, s in zip(leaves, shapes["in"])]
+        donated, kept, rngdata = jax.tree_util.tree_unflatten(tree, leaves)
+        return run(donated, kept, rngdata)
+
+    sm = jax.shard_map(body, mesh=ctx.mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False)
+    fn = jax.jit(sm, donate_argnums=(0,) if donate else ())
+    device = ctx.mesh.devices.flat[ctx.group.rank()]
+    sharding = ctx.sharding
+    w = ctx.size
+
+    def globalize(x):
+        if not isinstance(x, jax.Array):
+            x = jax.device_put(np.asarray(x).reshape(-1), device)
+        elif x.ndim != 1:
+            x = x.reshape(-1)
+        return jax.make_array_from_single_device_arrays((w * x.shape[0],), sharding, [x])
+
+    def call(donated, kept, rngdata):
+        leaves, tree = jax.tree_util.tree_flatten((donated, kept, rngdata))
+        if "in" not in shapes:
+            shapes["in"] = [np.shape(x) for x in leaves]
+        glob = jax.tree_util.tree_unflatten(tree, [globalize(x) for x in leaves])
+        out = fn(*glob)
+        bump("spmd_executions")
+        return jax.tree_util.tree_map(lambda o: o.addressable_data(0), out)
+
+    call.lower = lambda *a: fn.lower(*jax.tree_util.tree_map(globalize, a))
+    return call
+
+
+# ---- the skinny path: compiled pieces between collectives ---------------------------------------
+
+class _Piece(torch.nn.Module):
+    """A compiled piece of a split graph, called like the submodule it replaces."""
+
+    def __init__(self, compiled, single: bool):
+        super().__init__()
+        self.compiled = compiled
+        self.single = single
+
+    def forward(self, *args):
+        out = self.compiled(list(args))
+        return out[0] if self.single else tuple(out)
+
+
+class SkinnyGraph:
+    """An aot graph cut at its collectives: compute pieces compiled, collectives eager."""
+
+    def __init__(self, gm: torch.fx.GraphModule, label: str, compile_piece):
+        from torch.fx.passes.split_module import split_module
+
+        self._boxed_call = True
+        part = {}
+        pid = 0
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output", "get_attr"):
+                continue
+            if is_collective(n):
+                pid += 1
+                part[n] = pid
+                pid += 1
+            else:
+                part[n] = pid
+        split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
+        self.pieces = 0
+        for name, sub in list(split.named_children()):
+            if any(is_collective(n) for n in sub.graph.nodes):
+                continue  # runs eagerly: the process group's one-executable collectives
+            single = _tuple_output(sub)
+            self.pieces += 1
+            setattr(split, name, _Piece(compile_piece(sub, f"{label}.{name}"), single))
+        self.split = split
+        bump("skinny_graphs")
+
+    def __call__(self, args):
+        out = self.split(*args)
+        args.clear()
+        return list(out)
+
+
+def _tuple_output(sub: torch.fx.GraphModule) -> bool:
+    """Make the submodule return a tuple (CompiledGraph's convention); True if it returned one value."""
+    out = next(n for n in reversed(sub.graph.nodes) if n.op == "output")
+    if isinstance(out.args[0], (tuple, list)):
+        return False
+    out.args = ((out.args[0],),)
+    sub.recompile()
+    return True
