@@ -96,6 +96,48 @@ def test_gpt_training_with_compiled_adamw_matches_cpu(no_fallback):
         close(p, q, atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_compiled_optimizer_step_never_waits_for_the_device(no_fallback):
+    # AdamW's step counts are CPU tensors: their update runs on the host before the
+    # program, so the compiled step hands nothing back to the CPU (no sync per step)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    ref = copy.deepcopy(m)
+    mt = copy.deepcopy(m).to("tpu")
+    opt = torch.optim.AdamW(mt.parameters(), lr=0.1)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    step = torch.compile(opt.step, backend="tpu")
+    x = torch.randn(5, 4)
+    for i in range(3):
+        for model, o in ((mt, None), (ref, ropt)):
+            inp = x.to("tpu") if o is None else x
+            model(inp).square().sum().backward()
+        torchtpu.reset_metrics()
+        step()
+        assert torchtpu.metrics().get("transfers_to_host", 0) == 0
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    for p, q in zip(mt.parameters(), ref.parameters()):
+        close(p, q, atol=1e-5, rtol=1e-5)
+    for p, q in zip(mt.parameters(), ref.parameters()):
+        assert opt.state[p]["step"].device.type == "cpu"
+        assert opt.state[p]["step"].item() == ropt.state[q]["step"].item() == 3
+
+
+def test_host_read_of_views_matches_cpu():
+    # reads cut small views out of the storage on the host (no device op)
+    x = torch.arange(24.0).reshape(4, 6)
+    xt = tpu(x)
+    for view in (lambda t: t, lambda t: t[1], lambda t: t[:, 2], lambda t: t.t(), lambda t: t[1:3, ::2],
+                 lambda t: t[0, 0], lambda t: t[:0], lambda t: t[2:3].expand(3, 6), lambda t: t.flatten()[5:]):
+        got = view(xt).cpu()
+        want = view(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+    assert view(xt).tolist() == view(x).tolist()
+    assert xt[1, 2].item() == 8.0
+
+
 def test_resnet_batchnorm_training_matches_cpu(no_fallback):
     torch.manual_seed(0)
     model = SmallResNet()

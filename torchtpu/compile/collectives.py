@@ -193,11 +193,10 @@ def spmd(run, ctx: Context, donate: bool):
 
     shapes: dict = {}
 
-    def body(donated, kept, rngdata):
-        leaves, tree = jax.tree_util.tree_flatten((donated, kept, rngdata))
+    def body(*args):
+        leaves, tree = jax.tree_util.tree_flatten(args)
         leaves = [x.reshape(s) for x, s in zip(leaves, shapes["in"])]
-        donated, kept, rngdata = jax.tree_util.tree_unflatten(tree, leaves)
-        return run(donated, kept, rngdata)
+        return run(*jax.tree_util.tree_unflatten(tree, leaves))
 
     sm = jax.shard_map(body, mesh=ctx.mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False)
     fn = jax.jit(sm, donate_argnums=(0,) if donate else ())
@@ -212,8 +211,8 @@ def spmd(run, ctx: Context, donate: bool):
             x = x.reshape(-1)
         return jax.make_array_from_single_device_arrays((w * x.shape[0],), sharding, [x])
 
-    def call(donated, kept, rngdata):
-        leaves, tree = jax.tree_util.tree_flatten((donated, kept, rngdata))
+    def call(*args):
+        leaves, tree = jax.tree_util.tree_flatten(args)
         if "in" not in shapes:
             shapes["in"] = [np.shape(x) for x in leaves]
         glob = jax.tree_util.tree_unflatten(tree, [globalize(x) for x in leaves])

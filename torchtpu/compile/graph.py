@@ -18,6 +18,7 @@ table does not hold is handled here by kind:
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -73,11 +74,17 @@ class Program:
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.n_random = 0
         self.fallback_ops: list[str] = []
+        # the part of the graph that only touches CPU values (an optimizer's step counts and
+        # bias corrections) runs on the host before the program, so the program never has to
+        # hand values back to the CPU and nothing waits for the device
+        self.host = HostPart.of(gm, self.nodes) if os.environ.get("TORCHTPU_HOST_PART", "1") != "0" else None
+        host_nodes = self.host.nodes if self.host is not None else frozenset()
         # graph inputs the program overwrites (aot_autograd's copy_ into a placeholder)
         ph = set(self.placeholders)
         self.mutated_inputs = frozenset(
             self.placeholders.index(n.args[0]) for n in self.nodes
             if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in ph
+            and n not in host_nodes
         )
         self.constants = {
             n.target: _constant(getattr(gm, n.target)) for n in self.nodes if n.op == "get_attr"
@@ -100,14 +107,22 @@ class Program:
                         )
                     self.fallback_ops.append(name)
 
-    def __call__(self, inputs, rngdata):
+    def __call__(self, inputs, rngdata, host_values=()):
         env: dict = {}
         index = {n: i for i, n in enumerate(self.placeholders)}
         mutated: dict[int, jax.Array] = {}
         base_key = rng.key(*rngdata) if self.n_random else None
         n_random = 0
         result = None
+        host = self.host
+        if host is not None:
+            env.update(zip(host.to_device, host_values))
+            skip = host.nodes
+        else:
+            skip = ()
         for node in self.nodes:
+            if node in skip:
+                continue
             if node.op == "placeholder":
                 env[node] = inputs[index[node]]
             elif node.op == "call_function":
@@ -130,7 +145,8 @@ class Program:
                     n_random += 1
                 env[node] = self._run(node, target, low, args, kwargs, key)
             elif node.op == "output":
-                result = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+                # a host node's output comes from the host part (None here)
+                result = torch.fx.node.map_arg(node.args[0], lambda n: env.get(n))
             elif node.op == "get_attr":
                 env[node] = self.constants[node.target]
         return result, mutated
@@ -413,6 +429,68 @@ SPECIAL = {
     # a collective's value is ready when the program's is
     torch.ops._c10d_functional.wait_tensor.default: _passthrough,
 }
+
+
+# ---- the host part ---------------------------------------------------------------------------
+
+def _on_host(val) -> bool:
+    if isinstance(val, torch.Tensor):
+        return val.device.type == "cpu"
+    if isinstance(val, (list, tuple)):
+        return all(_on_host(v) for v in val)
+    return isinstance(val, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+class HostPart:
+    """The nodes of a graph that read only CPU inputs and make only CPU values, as one
+    generated Python function run with PyTorch on the CPU before the program.
+
+    Its results that device nodes read become program inputs; its copy_ into CPU inputs
+    (step += 1) happen on the host directly, after the program's inputs were taken."""
+
+    def __init__(self, nodes, to_device, outputs, fn, host_only):
+        self.nodes = nodes            # host nodes, placeholders included
+        self.to_device = to_device    # host nodes device nodes read (program inputs, in order)
+        self.outputs = outputs        # host nodes that are graph outputs
+        self.fn = fn                  # (*graph inputs) -> (*to_device, *outputs)
+        self.host_only = host_only    # indices of graph inputs the program never reads
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, nodes) -> "HostPart | None":
+        host: set = set()
+        for n in nodes:
+            if n.op == "placeholder":
+                if _on_host(n.meta.get("val")):
+                    host.add(n)
+            elif n.op == "call_function":
+                ins = n.all_input_nodes
+                target = n.target
+                if (ins and all(i in host for i in ins) and _on_host(n.meta.get("val"))
+                        and not (isinstance(target, torch._ops.OpOverload)
+                                 and torch.Tag.nondeterministic_seeded in target.tags)):
+                    host.add(n)
+        computed = [n for n in nodes if n in host and n.op == "call_function"]
+        if not computed:
+            return None
+        out_node = next(n for n in reversed(nodes) if n.op == "output")
+        graph_outs = set(out_node.all_input_nodes)
+        to_device = [n for n in computed
+                     if any(u not in host and u.op != "output" for u in n.users)]
+        outputs = [n for n in computed if n in graph_outs]
+        g = torch.fx.Graph()
+        env: dict = {}
+        for n in nodes:
+            if n.op == "placeholder":
+                # every graph input, so the function takes the call's arguments as they are
+                env[n] = g.placeholder(n.name)
+            elif n in host:
+                env[n] = g.node_copy(n, lambda a: env[a])
+        g.output(tuple(env[n] for n in to_device + outputs))
+        fn = torch.fx.GraphModule(gm, g)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        host_only = frozenset(i for i, n in enumerate(placeholders)
+                              if n in host and all(u in host for u in n.users))
+        return cls(frozenset(host), to_device, outputs, fn, host_only)
 
 
 # ---- CPU fallback inside a compiled program ------------------------------------------------

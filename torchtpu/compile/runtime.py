@@ -30,14 +30,19 @@ _NUMBERS = (bool, int, float)
 _COMPLEX = (torch.complex64, torch.complex128)
 
 
-def _signature(args):
-    """(hashable signature, buffers to pass, storage entries) of one call's inputs.
-    Runs on every call, hence the plain loops."""
+def _signature(args, skip=frozenset()):
+    """(hashable signature, buffers to pass, storage entries) of one call's inputs; inputs
+    at the positions in `skip` are not passed. Runs on every call, hence the plain loops."""
     sig = []
     bufs = []
     entries = []
     table = storage._table
-    for a in args:
+    for pos, a in enumerate(args):
+        if pos in skip:
+            sig.append(("none",))
+            bufs.append(None)
+            entries.append(None)
+            continue
         if isinstance(a, torch.Tensor):
             dt = a.dtype
             if a.device.type == "cpu":
@@ -85,6 +90,7 @@ class CompiledGraph:
         self.out_vals = [
             n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in out_node.args[0]
         ]
+        self.out_nodes = [n if isinstance(n, torch.fx.Node) else None for n in out_node.args[0]]
         self._jits: dict = {}
         self._lock = threading.Lock()
 
@@ -95,7 +101,7 @@ class CompiledGraph:
         program = self.program
         learned = {}
 
-        def run(donated, kept, rngdata):
+        def run(donated, kept, rngdata, host_values):
             bufs = list(kept)
             for i, b in zip(donate, donated):
                 bufs[i] = b
@@ -115,7 +121,7 @@ class CompiledGraph:
                     inputs.append(s[1])
                 else:
                     inputs.append(None)
-            outs, mutated = program(inputs, rngdata)
+            outs, mutated = program(inputs, rngdata, host_values)
             # the new contents of each mutated input's storage
             written = {}
             host = []
@@ -154,7 +160,18 @@ class CompiledGraph:
 
     def __call__(self, args):
         args = list(args)
-        sig, bufs, entries = _signature(args)
+        host = self.program.host
+        sig, bufs, entries = _signature(args, host.host_only if host is not None else frozenset())
+        host_values = ()
+        host_outs = ()
+        if host is not None:
+            # after _signature took its copies of the CPU inputs the program reads: the
+            # host part may overwrite them (step += 1)
+            got = host.fn(*args)
+            n = len(host.to_device)
+            host_values = [torch_to_numpy(v) if isinstance(v, torch.Tensor) else v for v in got[:n]]
+            host_outs = dict(zip(host.outputs, got[n:]))
+            sig = sig + (tuple((np.shape(v), getattr(v, "dtype", type(v))) for v in host_values),)
         donate = self._donatable(sig, bufs, entries) if self.program.mutated_inputs else ()
         key = (sig, donate)
         got = self._jits.get(key)
@@ -167,7 +184,7 @@ class CompiledGraph:
                     bump("compiles")
                     bump("compile_graphs")
                     _maybe_dump(self, fn, [bufs[i] for i in donate],
-                                [None if i in donate else b for i, b in enumerate(bufs)])
+                                [None if i in donate else b for i, b in enumerate(bufs)], host_values)
         else:
             bump("cache_hits")
         fn, learned = got
@@ -177,9 +194,9 @@ class CompiledGraph:
             donated = [bufs[i] for i in donate]
             for i in donate:
                 bufs[i] = None
-            outs, written, packed = fn(donated, bufs, rngdata)
+            outs, written, packed = fn(donated, bufs, rngdata, host_values)
         else:
-            outs, written, packed = fn((), bufs, rngdata)
+            outs, written, packed = fn((), bufs, rngdata, host_values)
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
@@ -189,8 +206,10 @@ class CompiledGraph:
         if packed is not None:
             _write_host(args, learned["host"], packed)
         results = []
-        for val, o, shape in zip(self.out_vals, outs, learned["shapes"]):
-            if isinstance(val, torch.Tensor):
+        for val, node, o, shape in zip(self.out_vals, self.out_nodes, outs, learned["shapes"]):
+            if node in host_outs:
+                results.append(host_outs[node])
+            elif isinstance(val, torch.Tensor):
                 if val.device.type == "cpu":
                     results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
                     bump("transfers_to_host")
@@ -213,12 +232,12 @@ def _write_host(args, host, packed) -> None:
         pos += n
 
 
-def _maybe_dump(compiled: CompiledGraph, fn, donated, kept) -> None:
+def _maybe_dump(compiled: CompiledGraph, fn, donated, kept, host_values=()) -> None:
     path = os.environ.get("TORCHTPU_DUMP_STABLEHLO")
     if not path and not _dumping:
         return
     rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()
-    text = fn.lower(donated, kept, rngdata).as_text()
+    text = fn.lower(donated, kept, rngdata, host_values).as_text()
     for sink in _dumping:
         sink.append((compiled.label, text))
     if path:

@@ -60,9 +60,31 @@ def value(t: torch.Tensor) -> jax.Array:
     return _read(buf, shape, tuple(t.stride()), t.storage_offset(), dt)
 
 
+def _host_value(t: torch.Tensor) -> np.ndarray:
+    """The tensor's value on the host. Cut out of its storage buffer on the host when the
+    buffer is not much bigger than the tensor: any device-side op (even a reshape) would
+    queue behind every program already dispatched, so reading a loss after launching the
+    backward and optimizer programs would wait for them all; the buffer itself is ready as
+    soon as the program that wrote it is done."""
+    entry = storage.lookup(t)
+    dt = to_jax_dtype(t.dtype)
+    numel = math.prod(t.shape)
+    if dt == entry.dtype and not (dt.kind == "c" and (t.is_conj() or t.is_neg())) \
+            and entry.numel <= max(4 * numel, 1 << 16):
+        flat = np.asarray(buffer(entry))
+        if numel == entry.numel and geometry.is_contiguous(tuple(t.shape), t.stride()):
+            return flat.reshape(t.shape)
+        item = flat.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            flat[t.storage_offset():] if numel else flat, shape=tuple(t.shape),
+            strides=tuple(s * item for s in t.stride()), writeable=False)
+        return np.ascontiguousarray(view)
+    return np.asarray(value(t))
+
+
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A new CPU tensor holding a tpu tensor's value (blocks until it is computed)."""
-    a = np.asarray(value(t))
+    a = _host_value(t)
     metrics.bump("transfers_to_host")
     metrics.bump("bytes_to_host", a.nbytes)
     return numpy_to_torch(a).reshape(t.shape)
