@@ -34,7 +34,7 @@ def _free_port() -> int:
 _CACHE = None
 
 
-def _launch(scenario: str, *args: str, world: int = 2, timeout: float = 150.0):
+def _launch(scenario: str, *args: str, world: int = 2, timeout: float = 150.0, env_extra=None):
     """Run `scenario` in `world` processes; returns [(returncode, stdout, stderr, end)] where
     `end` is the wall time (time.time()) at which that rank was seen to exit (ranks are
     waited for in order)."""
@@ -61,6 +61,7 @@ def _launch(scenario: str, *args: str, world: int = 2, timeout: float = 150.0):
             MASTER_PORT=str(port),
             TF_CPP_MIN_LOG_LEVEL="2",
             TORCHTPU_CACHE_DIR=_CACHE,
+            **(env_extra or {}),
         )
         env.pop("PYTEST_CURRENT_TEST", None)
         procs.append(
@@ -178,9 +179,49 @@ def test_dead_rank_fails_fast_naming_the_collective():
     assert end0 - died < timeout, (end0, died)
 
 
-def test_mismatched_collectives_fail_within_timeout():
-    # rank 0 all-reduces while rank 1 broadcasts: both fail naming their collective
-    procs = _launch("mismatch", timeout=120)
+@pytest.mark.parametrize("variant,expect", [
+    # rank 0 all-reduces while rank 1 broadcasts
+    ("op", ["rank 0 issued ALLREDUCE(sum) on [(4,):float32]", "rank 1 issued BROADCAST(src 0) on [(4,):float32]"]),
+    # the same collective on different shapes
+    ("shape", ["rank 0 issued ALLREDUCE(sum) on [(4,):float32]",
+               "rank 1 issued ALLREDUCE(sum) on [(2, 3):float32]"]),
+    # the same shapes, different reductions: would otherwise run two different programs silently
+    ("reduce_op", ["rank 0 issued ALLREDUCE(sum) on [(4,):float32]",
+                   "rank 1 issued ALLREDUCE(max) on [(4,):float32]"]),
+])
+def test_mismatched_collectives_fail_naming_both(variant, expect):
+    t0 = time.monotonic()
+    procs = _launch("mismatch", variant, timeout=120)
+    for rank, (rc, so, se, _) in enumerate(procs):
+        err = _clean(se)
+        assert rc != 0, (so, err[-3000:])
+        assert "finished" not in so
+        # every rank names every rank's collective, at once (not after the 30 s group timeout)
+        assert "issued different collectives at collective #1" in err, err[-3000:]
+        for e in expect:
+            assert e in err, err[-3000:]
+        name = "BROADCAST" if (rank, variant) == (1, "op") else "ALLREDUCE"
+        assert f"torchtpu.distributed: collective {name} (rank {rank} of 2" in err, err[-3000:]
+    assert time.monotonic() - t0 < 30
+
+
+def test_rank_skipping_a_collective_times_out_naming_it():
+    # rank 1 never issues the all-reduce: rank 0 waits the grace period, launches, and its
+    # timeout error says what rank 1 last issued (nothing, here)
+    t0 = time.monotonic()
+    (rc0, so0, se0, _), _ = _launch("mismatch", "skip", timeout=120)
+    err = _clean(se0)
+    assert rc0 != 0 and "finished" not in so0, (so0, err[-3000:])
+    assert "torchtpu.distributed: collective ALLREDUCE (rank 0 of 2" in err, err[-3000:]
+    assert "timed out after 4.0 s" in err, err[-3000:]
+    assert "rank 1 has not issued collective #1" in err, err[-3000:]
+    # (rank 1 is then ended by the XLA runtime, whose coordinator lived in rank 0)
+    assert time.monotonic() - t0 < 60
+
+
+def test_mismatch_without_the_check_fails_within_timeout():
+    # TORCHTPU_DIST_CHECK=0: only the watchdog's timeout (4 s) is left to catch it
+    procs = _launch("mismatch", "op", timeout=120, env_extra=dict(TORCHTPU_DIST_CHECK="0"))
     for rank, (rc, so, se, _) in enumerate(procs):
         err = _clean(se)
         assert rc != 0, (so, err[-3000:])
@@ -511,18 +552,28 @@ def _worker_die(timeout_s: str):
     print("finished", flush=True)
 
 
-def _worker_mismatch():
+def _worker_mismatch(variant: str):
     import torchtpu  # noqa: F401
 
-    dist.init_process_group("tpu")
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=30))
     g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=4))
+    rank = dist.get_rank()
     x = torch.ones(4, device="tpu")
-    if dist.get_rank() == 0:
+    if variant == "op":
+        if rank == 0:
+            dist.all_reduce(x, group=g)
+        else:
+            dist.broadcast(x, src=0, group=g)
+    elif variant == "shape":
+        dist.all_reduce(x if rank == 0 else torch.ones(2, 3, device="tpu"), group=g)
+    elif variant == "reduce_op":
+        dist.all_reduce(x, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=g)
+    elif variant == "skip":
+        if rank == 1:
+            time.sleep(14)  # alive, but never issues the collective
+            os._exit(0)
         dist.all_reduce(x, group=g)
-    else:
-        dist.broadcast(x, src=0, group=g)
-    x.cpu()
-    print("finished", flush=True)
+    print("finished", x.cpu().tolist(), flush=True)
 
 
 if __name__ == "__main__":
@@ -530,7 +581,7 @@ if __name__ == "__main__":
     if scenario == "main":
         _worker_main()
     elif scenario == "mismatch":
-        _worker_mismatch()
+        _worker_mismatch(sys.argv[2])
     elif scenario == "die":
         _worker_die(sys.argv[2])
     else:

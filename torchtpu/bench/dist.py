@@ -8,7 +8,17 @@ per process:
   2. 2 processes, DDP with skinny collectives (one XLA executable per all-reduce bucket);
   3. the same 2 processes, DDP inside `no_sync()`: the step without gradient
      communication, timed in blocks interleaved with (2), so (2) - (3) is what the
-     collectives (and DDP's bucket copies) cost.
+     collectives (and DDP's bucket copies) cost;
+  4. 2 processes, DDP compiled: `torch.compile(ddp_model, backend="tpu")` with
+     `torch._dynamo.config.optimize_ddp = "python_reducer"` (DDP's C++ reducer is
+     replaced by per-parameter post-accumulate-grad hooks calling
+     `_functional_collectives.all_reduce`) and the backward under compiled autograd,
+     which traces those hooks, so the gradient all-reduces are `_c10d_functional`
+     ops inside the compiled backward graph; the optimizer step stays eager. Run
+     twice, differing only by TORCHTPU_COLLECTIVES: "skinny" (each collective its
+     own executable, between compiled pieces) and "in_graph" (the collectives are
+     part of the compiled program). Their first (warm-up) steps' losses are checked
+     against the eager DDP run's: same init, same data, same losses.
 Each process is launched as torchrun would (env://, RANK/WORLD_SIZE/MASTER_ADDR/PORT)
 on XLA:CPU unless a TPU/GPU is present. ms/step is the median over timing blocks,
 after warm-up; losses are read back once at the end.
@@ -31,13 +41,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(world: int, args: list[str]) -> list[dict]:
+def _launch(world: int, args: list[str], env_extra: dict | None = None) -> list[dict]:
     port = _free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TF_CPP_MIN_LOG_LEVEL="2")
+                   TF_CPP_MIN_LOG_LEVEL="2", **(env_extra or {}))
         procs.append(subprocess.Popen([sys.executable, "-m", "torchtpu.bench.dist", "--worker", *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
@@ -54,7 +64,7 @@ def _launch(world: int, args: list[str]) -> list[dict]:
 def _worker(argv) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--worker", action="store_true")
-    p.add_argument("--kind", choices=("single", "ddp"))
+    p.add_argument("--kind", choices=("single", "ddp", "ddp_compiled"))
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--rounds", type=int)
@@ -86,10 +96,25 @@ def _worker(argv) -> int:
     data = [torch.randint(0, 256, (a.batch, a.seq + 1), generator=g) for _ in range(4)]
     torch.manual_seed(0)
     model = TinyGPT().to("tpu")
+    forward = model
+    backward_ctx = contextlib.nullcontext
     if a.kind != "single":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        if a.kind == "ddp_compiled":
+            # DDP's python reducer: per-parameter hooks that all-reduce with functional
+            # collectives; must be set before DDP is constructed
+            torch._dynamo.config.optimize_ddp = "python_reducer"
         model = DDP(model)
+        forward = model
+        if a.kind == "ddp_compiled":
+            from torch._dynamo import compiled_autograd
+
+            forward = torch.compile(model, backend="tpu")
+            # compiled autograd traces the backward, the reducer's hooks and their
+            # all-reduces included, into one graph for the "tpu" backend
+            def backward_ctx():
+                return compiled_autograd._enable(torch.compile(backend="tpu", fullgraph=True))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     batches = [(x[:, :-1].to("tpu"), x[:, 1:].to("tpu")) for x in data]
     losses = []
@@ -100,9 +125,10 @@ def _worker(argv) -> int:
     def step(i, ctx):
         x, y = batches[i % len(batches)]
         with ctx():
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss = F.cross_entropy(forward(x).flatten(0, 1), y.flatten())
             opt.zero_grad()
-            loss.backward()
+            with backward_ctx():
+                loss.backward()
         opt.step()
         losses.append(loss.detach())
 
@@ -128,8 +154,12 @@ def _worker(argv) -> int:
             blocks[name].append((time.perf_counter() - t0) * 1000 / per)
     final = torch.stack(losses).cpu().tolist()
     ms = {k: statistics.median(v) for k, v in blocks.items()}
+    m = torchtpu.metrics()
+    counts = {k: m.get(k, 0) for k in ("in_graph_collective_graphs", "skinny_graphs", "cpu_fallbacks")}
     print("RESULT " + json.dumps(dict(rank=rank, world=world, ms=ms, blocks=blocks, warmup_s=warm_s,
-                                      init_s=init_s, last_loss=final[-1])), flush=True)
+                                      init_s=init_s, last_loss=final[-1], warm_losses=final[:a.warmup],
+                                      collectives=os.environ.get("TORCHTPU_COLLECTIVES", "in_graph"),
+                                      metrics=counts)), flush=True)
     if world > 1:
         dist.destroy_process_group()
     return 0
@@ -146,14 +176,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
               "--batch", str(args.batch), "--seq", str(args.seq), "--mode", args.mode]
-    rows = []
-    print(f"[1/2] 1 process, no DDP (baseline): warm-up {args.warmup} steps, then {args.steps} timed ...", flush=True)
+    rows = []  # (configuration, procs, ms/step)
+    print(f"[1/4] 1 process, no DDP (baseline): warm-up {args.warmup} steps, then {args.steps} timed ...", flush=True)
     t0 = time.perf_counter()
     (one,) = _launch(1, ["--kind", "single", *common])
     rows.append(("1 process (baseline)", 1, one["ms"]["sync"]))
     print(f"      {one['ms']['sync']:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and compiles)",
           flush=True)
-    print("[2/2] 2 processes, DDP, blocks with and without gradient all-reduce interleaved ...", flush=True)
+    print("[2/4] 2 processes, DDP, blocks with and without gradient all-reduce interleaved ...", flush=True)
     t0 = time.perf_counter()
     two = _launch(2, ["--kind", "ddp", *common])
     # a data-parallel step ends when its slowest rank does
@@ -161,22 +191,55 @@ def main(argv=None) -> int:
         rows.append((name, 2, max(r["ms"][key] for r in two)))
     print(f"      {rows[1][2]:.1f} / {rows[2][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up, "
           f"init_process_group {max(r['init_s'] for r in two):.1f} s)", flush=True)
+    compiled = {}
+    for i, (mode, name) in enumerate((("skinny", "DDP compiled, skinny collectives"),
+                                      ("in_graph", "DDP compiled, in-graph collectives"))):
+        print(f"[{3 + i}/4] 2 processes, {name} (TORCHTPU_COLLECTIVES={mode}) ...", flush=True)
+        t0 = time.perf_counter()
+        # the collective-matching pre-check (c10d store) runs for each collective launched
+        # through the process group, i.e. for every skinny one but not inside an in-graph
+        # program: off in both compiled rows, so that they differ only by the collectives
+        res = _launch(2, ["--kind", "ddp_compiled", *common],
+                      env_extra=dict(TORCHTPU_COLLECTIVES=mode, TORCHTPU_DIST_CHECK="0"))
+        compiled[mode] = res
+        rows.append((name, 2, max(r["ms"]["sync"] for r in res)))
+        print(f"      {rows[-1][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and compiles; "
+              f"warm-up {max(r['warmup_s'] for r in res):.1f} s)", flush=True)
 
     base = rows[0][2]
+    skinny_ms = rows[3][2]
     print()
     print(f"DDP training step, small GPT (2 layers, d=128), batch {args.batch} x seq {args.seq} per process, "
           f"eager mode {args.mode}, XLA:CPU collectives over gloo where no TPU; ms/step = median of "
           f"{args.rounds} blocks of {max(args.steps // args.rounds, 1)} steps after {args.warmup} warm-up")
-    hdr = f"{'configuration':<28}{'procs':>6}{'ms/step':>10}{'vs 1 proc':>11}{'samples/s':>11}"
+    hdr = f"{'configuration':<36}{'procs':>6}{'ms/step':>10}{'vs 1 proc':>11}{'samples/s':>11}{'vs skinny':>11}"
     print(hdr)
     print("-" * len(hdr))
     for name, world, ms in rows:
-        print(f"{name:<28}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}")
+        vs = f"{skinny_ms / ms:>10.2f}x" if name.endswith("in-graph collectives") else ""
+        print(f"{name:<36}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}{vs}")
     ddp, nosync = rows[1][2], rows[2][2]
     print()
+    print("vs 1 proc: ms/step over the baseline's; vs skinny: compiled-skinny ms/step over this row's "
+          "(> 1: in-graph is faster). Compiled rows: DDP python reducer (one all-reduce per parameter), "
+          "backward under compiled autograd, optimizer eager, TORCHTPU_DIST_CHECK=0")
     print(f"gradient all-reduce cost (skinny collectives, DDP buckets): {ddp - nosync:.1f} ms/step "
           f"({(ddp - nosync) / ddp * 100:.0f}% of the DDP step)")
-    return 0
+    # correctness: the compiled runs' warm-up steps (same init, same data) against eager DDP's
+    ok = True
+    for mode, res in compiled.items():
+        worst = 0.0
+        for r, e in zip(sorted(res, key=lambda r: r["rank"]), sorted(two, key=lambda r: r["rank"])):
+            for a_, b_ in zip(r["warm_losses"], e["warm_losses"]):
+                worst = max(worst, abs(a_ - b_) / max(abs(b_), 1e-12))
+        good = worst <= 1e-4
+        ok &= good
+        m = res[0]["metrics"]
+        print(f"DDP compiled, {mode}: first {args.warmup} losses vs eager DDP, every rank: max rel diff "
+              f"{worst:.1e} ({'match' if good else 'MISMATCH'}); graphs with in-graph collectives "
+              f"{m['in_graph_collective_graphs']}, cut at collectives (skinny) {m['skinny_graphs']}, "
+              f"cpu fallbacks {m['cpu_fallbacks']}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

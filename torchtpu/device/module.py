@@ -147,3 +147,6 @@ def eager_mode(mode: str):
     from ..eager import modes
 
     return modes.mode(mode)
+
+
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: E402,F401

@@ -37,7 +37,8 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
-    from . import tied
+    from . import storage_api, tied
 
     tied.install()
+    storage_api.install()
     _done = True

@@ -15,6 +15,18 @@ into its output tensor (directly as the new storage buffer when the output owns
 its whole storage, else through copy_). Dispatch is asynchronous like every
 torchtpu op; later ops are ordered by data dependence.
 
+Matching: before launching a collective each rank posts its signature (the
+collective's name, program and input shapes) to the group's c10d store and reads
+its peers' for the same sequence number (four store round trips, ~0.1 ms on one
+host; the issuing thread also waits there for its peers to reach the collective). Ranks that issued different
+collectives (op or shape) all fail at once with an error naming each rank's
+collective, instead of hanging in, or silently mixing, two different XLA
+programs. A peer that has not posted within a grace period
+(TORCHTPU_DIST_CHECK_GRACE, default 5 s, at most the group timeout) is not
+waited for further: the collective launches and is verified when it completes
+(if it never does, the timeout error says what each peer last issued).
+TORCHTPU_DIST_CHECK=0 turns the check off.
+
 Faults: a watchdog thread waits on every collective's result in order. If one
 fails (a peer died: gloo reports the closed connection) or does not finish
 within the process-group timeout (a peer hangs or never joined), it prints an
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import math
 import os
 import socket
@@ -133,16 +146,18 @@ class _Watchdog:
     def __init__(self):
         self.queue: deque = deque()
         self.cv = threading.Condition()
-        self.current = None  # (desc, t0, timeout) of the collective being waited on
+        self.current = None  # (desc, t0, timeout, info) of the collective being waited on
         self.dispatching = None  # the same while the user's thread is inside the launch
         self.error: str | None = None
         self.abort = os.environ.get("TORCHTPU_DIST_ABORT", "1") != "0"
         threading.Thread(target=self._wait_loop, name="torchtpu-dist-waiter", daemon=True).start()
         threading.Thread(target=self._monitor_loop, name="torchtpu-dist-monitor", daemon=True).start()
 
-    def add(self, desc: str, arrays, timeout: float) -> None:
+    def add(self, desc: str, arrays, timeout: float, verify=None, info=None) -> None:
+        """`verify()` (optional) runs once the outputs are ready and raises on a mismatch;
+        `info()` (optional) says what the peers issued, for the timeout message."""
         with self.cv:
-            self.queue.append((desc, time.monotonic(), timeout, arrays))
+            self.queue.append((desc, time.monotonic(), timeout, arrays, verify, info))
             self.cv.notify()
 
     def drain(self) -> None:
@@ -174,13 +189,21 @@ class _Watchdog:
             with self.cv:
                 while not self.queue:
                     self.cv.wait()
-                desc, t0, timeout, arrays = self.queue.popleft()
-                self.current = (desc, t0, timeout)
+                desc, t0, timeout, arrays, verify, info = self.queue.popleft()
+                self.current = (desc, t0, timeout, info)
             try:
                 for a in arrays:
                     a.block_until_ready()
             except Exception as e:  # noqa: BLE001 - reported, not swallowed
-                self._fail(f"torchtpu.distributed: {desc} failed: {str(e).strip()}")
+                self._fail(f"torchtpu.distributed: {desc} failed: {str(e).strip()}{_peers_said(info)}")
+            else:
+                if verify is not None:
+                    try:
+                        verify()
+                    except TpuDistError as e:
+                        self._fail(str(e))
+                    except Exception:  # noqa: BLE001 - store unreachable: the next collective says so
+                        pass
             with self.cv:
                 self.current = None
 
@@ -190,12 +213,31 @@ class _Watchdog:
             for cur in (self.dispatching, self.current):
                 if cur is None or self.error is not None:
                     continue
-                desc, t0, timeout = cur
+                desc, t0, timeout, info = cur
                 if time.monotonic() - t0 > timeout:
                     self._fail(
                         f"torchtpu.distributed: {desc} timed out after {timeout:.1f} s (process-group "
-                        "timeout): a peer process probably died, hangs, or issued a different collective"
+                        f"timeout): a peer process probably died, hangs, or issued a different collective"
+                        f"{_peers_said(info)}"
                     )
+
+
+def _peers_said(info) -> str:
+    """info() in a helper thread, bounded in time (the store may be gone with its host)."""
+    if info is None:
+        return ""
+    box: list = []
+
+    def run():
+        try:
+            box.append(info())
+        except Exception:  # noqa: BLE001 - diagnostics only
+            pass
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(3.0)
+    return f"; {box[0]}" if box and box[0] else ""
 
 
 _watchdog_obj = None
@@ -417,11 +459,24 @@ def _shape_str(ts) -> str:
     return ", ".join(f"{tuple(t.shape)}:{str(t.dtype).replace('torch.', '')}" for t in ts)
 
 
+def _detail(key) -> str:
+    """The program's static arguments, as a user reads them (reduction, root)."""
+    if key[0] in ("allreduce", "reduce_scatter"):
+        return f"({key[1]})"
+    if key[0] in ("broadcast", "scatter"):
+        return f"(src {key[1]})"
+    return ""
+
+
 class TpuProcessGroup(dist.ProcessGroup):
     """A process group over one XLA device per process; collectives are XLA programs."""
 
-    def __init__(self, rank: int, size: int, global_ranks, timeout: datetime.timedelta, name: str = ""):
+    def __init__(self, rank: int, size: int, global_ranks, timeout: datetime.timedelta, name: str = "",
+                 store=None):
         super().__init__(rank, size)
+        self._store = store if size > 1 and os.environ.get("TORCHTPU_DIST_CHECK", "1") != "0" else None
+        self._grace = min(float(os.environ.get("TORCHTPU_DIST_CHECK_GRACE", "5")), timeout.total_seconds())
+        self._cseq = 0  # group-wide collectives issued (point-to-point ones are not counted)
         self._rank = rank
         self._size = size
         self._global_ranks = list(global_ranks)
@@ -500,8 +555,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._seq += 1
         desc = (f"collective {name} (rank {self._rank} of {self._size}, seq {self._seq}, "
                 f"tensors [{_shape_str(ts)}])")
+        verify = info = None
         if mesh is None:
             mesh, sharding = self._mesh_and_sharding()
+            if self._store is not None:
+                verify, info = self._match(name, key, flats, ts, desc)
         w = width or self._size
         fn = self._program(key, make_body, len(flats), mesh)
         glob = [jax.make_array_from_single_device_arrays((w * f.shape[0],), sharding, [f]) for f in flats]
@@ -512,7 +570,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         if exe is None:
             exe = self._exes[sig] = fn.lower(*glob).compile()
         # a launch can itself block (XLA:CPU runs a first call inline): watch it too
-        wd.dispatching = (desc, time.monotonic(), self._timeout)
+        wd.dispatching = (desc, time.monotonic(), self._timeout, info)
         try:
             outs = exe(*glob)
         except Exception as e:
@@ -524,8 +582,90 @@ class TpuProcessGroup(dist.ProcessGroup):
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         local = [o.addressable_data(0) for o in outs]
-        wd.add(desc, local, self._timeout)
+        wd.add(desc, local, self._timeout, verify, info)
         return local
+
+    # -- matching: every rank issues the same collective (op, program, shapes) at each step
+    def _sig_key(self, seq: int, rank: int) -> str:
+        return f"torchtpu/sig/{seq}/{rank}"
+
+    def _match(self, name, key, flats, ts, desc):
+        """Post this rank's signature for the next collective and compare with the peers'.
+
+        Returns (verify, info) for the watchdog: verify is None when every peer's signature
+        was seen and matched here; else it checks them once the collective has completed."""
+        store, me = self._store, self._rank
+        self._cseq += 1
+        seq = self._cseq
+        prog = f"{name} {key!r} " + " ".join(f"{str(f.dtype)}[{f.shape[0]}]" for f in flats)
+        mine = json.dumps(dict(prog=prog, what=f"{name}{_detail(key)} on [{_shape_str(ts)}]"))
+        peers = [self._sig_key(seq, r) for r in range(self._size) if r != me]
+        try:
+            store.set(self._sig_key(seq, me), mine)
+            if seq > 2:
+                store.delete_key(self._sig_key(seq - 2, me))  # every peer has read it (it posted seq - 1)
+        except Exception as e:  # noqa: BLE001
+            msg = f"torchtpu.distributed: {desc}: the c10d store is unreachable ({e}); a peer probably died"
+            _watchdog()._fail(msg)
+            raise TpuDistError(msg) from e
+
+        def info() -> str:
+            return self._peer_report(seq)
+
+        def verify(wait: float = 0.0) -> bool:
+            if wait > 0:
+                try:
+                    store.wait(peers, datetime.timedelta(seconds=wait))
+                except Exception:  # noqa: BLE001 - not all posted within the grace period
+                    return False
+            elif not store.check(peers):
+                return False
+            sigs = {me: json.loads(mine)}
+            for r, v in zip([r for r in range(self._size) if r != me], store.multi_get(peers)):
+                sigs[r] = json.loads(v)
+            if any(sigs[r]["prog"] != sigs[me]["prog"] for r in sigs):
+                self._mismatch(seq, desc, sigs)
+            return True
+
+        try:
+            if verify(self._grace):
+                return None, info
+        except TpuDistError:
+            raise
+        except Exception:  # noqa: BLE001 - store trouble: let the collective itself decide
+            pass
+        return (lambda: verify()), info
+
+    def _mismatch(self, seq, desc, sigs):
+        lines = "; ".join(f"rank {r} issued {sigs[r]['what']}" for r in sorted(sigs))
+        msg = (f"torchtpu.distributed: {desc}: the ranks of group {self.getGroupName()!r} issued different "
+               f"collectives at collective #{seq}: {lines}. Every rank of a group must issue the same "
+               "collectives, in the same order, on tensors of the same shapes and dtypes.")
+        # let every peer read this rank's signature before a process (maybe the store's host) ends
+        try:
+            self._store.set(f"torchtpu/seen/{seq}/{self._rank}", "1")
+            self._store.wait([f"torchtpu/seen/{seq}/{r}" for r in sigs], datetime.timedelta(seconds=3))
+        except Exception:  # noqa: BLE001
+            pass
+        _watchdog()._fail(msg)  # ends the process unless TORCHTPU_DIST_ABORT=0
+        raise TpuDistError(msg)
+
+    def _peer_report(self, seq: int) -> str:
+        """What each peer last posted, for an error message (reads the store, never waits)."""
+        out = []
+        for r in range(self._size):
+            if r == self._rank:
+                continue
+            for s in (seq, seq - 1):
+                k = self._sig_key(s, r)
+                if s > 0 and self._store.check([k]):
+                    what = json.loads(self._store.get(k))["what"]
+                    out.append(f"rank {r} issued {what} as collective #{s}" + ("" if s == seq else
+                                                                              " and nothing since"))
+                    break
+            else:
+                out.append(f"rank {r} has not issued collective #{seq}")
+        return f"collective #{seq} of group {self.getGroupName()!r} here; " + ", ".join(out) if out else ""
 
     def _work(self, result, block: bool = False):
         if block:
@@ -810,4 +950,4 @@ def create(backend_opts, pg_options=None):
     if _runtime["world"] is None:
         # the first group is the default (world) group: its ranks are the global ranks
         bring_up(backend_opts.store, rank, size, timeout)
-    return TpuProcessGroup(rank, size, ranks, timeout, name=str(backend_opts.group_id))
+    return TpuProcessGroup(rank, size, ranks, timeout, name=str(backend_opts.group_id), store=backend_opts.store)
