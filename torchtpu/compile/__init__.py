@@ -39,6 +39,7 @@ def _compiler(label: str):
         _counter["graphs"] += 1
         name = f"{label}{_counter['graphs']}"
         if collectives.collective_nodes(gm):
+            collectives.bucket_all_reduces(gm)
             why = "skinny collectives requested" if collectives.get_collectives() == "skinny" \
                 else collectives.why_not_in_graph(gm)
             if why is not None:
