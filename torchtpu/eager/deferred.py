@@ -208,10 +208,13 @@ def _note(e: BaseException, node) -> None:
     e.add_note(f"torchtpu: raised by deferred op {node.name}, issued at {where}")
 
 
-def _make_fused(nodes, out_refs, codes):
+def _make_fused(nodes, out_refs, codes, donate):
     programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
 
-    def fused(inputs, packed, rngs):
+    def fused(donated, kept, packed, rngs):
+        inputs = list(kept)
+        for i, b in zip(donate, donated):
+            inputs[i] = b
         scalars = _scalars.unpack(packed, codes)
         vals = {}
         si = 0
@@ -234,15 +237,26 @@ def _make_fused(nodes, out_refs, codes):
                 vals[(j, ("u", s))] = b
         return tuple(vals[r] for r in out_refs)
 
-    return jax.jit(fused)
+    return jax.jit(fused, donate_argnums=(0,) if donate else ())
 
 
-def _replay(g, out_refs):
+def _donatable(inputs) -> tuple:
+    """Inputs only the region still holds: every storage that had one was overwritten in
+    the region (a parameter, an optimizer state), so XLA may update it in place."""
+    if not DONATE:
+        return ()
+    # references: the inputs list, the loop variable and getrefcount's own argument
+    return tuple(i for i, b in enumerate(inputs) if sys.getrefcount(b) == 3)
+
+
+DONATE = os.environ.get("TORCHTPU_DEFER_DONATE", "1") != "0"
+
+
+def _replay(g, inputs, out_refs):
     """Run a region op by op with each op's own executable (the compile-storm guard)."""
     from .executor import count_run
 
     vals = {}
-    inputs = g.inputs
     scalars = g.scalars
     si = 0
     for j, node in enumerate(g.nodes):
@@ -285,24 +299,32 @@ def flush(reason: str) -> None:
                 live.append((e, p))
         out_refs = tuple((p.node, p.key) for _, p in live)
         codes = _scalars.layout(g.scalars)
-        fkey = (tuple(g.fingerprint), out_refs, codes)
+        inputs = g.inputs
+        g.inputs = None
+        g.input_index = None
+        donate = _donatable(inputs) if not g.churn else ()
+        fkey = (tuple(g.fingerprint), out_refs, codes, donate)
         fn = _fused_cache.get(fkey)
         replay = fn is None and g.churn
         try:
             if replay:
-                results = _replay(g, out_refs)
+                results = _replay(g, inputs, out_refs)
                 metrics.bump("regions_replayed")
                 # every op that brought a new shape into a storm is suspect from now on
                 _churning.update(g.fresh_per_key)
             else:
                 if fn is None:
-                    fn = _make_fused(g.nodes, out_refs, codes)
+                    fn = _make_fused(g.nodes, out_refs, codes, donate)
                     _fused_cache[fkey] = fn
                     metrics.bump("compiles")
                     metrics.bump("region_compiles")
                 else:
                     metrics.bump("cache_hits")
-                results = fn(tuple(g.inputs), _scalars.pack(g.scalars, codes), tuple(g.rngs))
+                donated = [inputs[i] for i in donate]
+                for i in donate:
+                    inputs[i] = None
+                results = fn(donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
+                del donated
                 metrics.bump("executions")
                 _fused_sigs.update(g.fresh)
         except Exception as err:
