@@ -9,6 +9,7 @@ storage, all inside one jax.jit. JAX's async dispatch keeps this asynchronous.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import jax
@@ -29,7 +30,7 @@ _SCALARS = (bool, int, float, complex)
 
 
 class _Compiled:
-    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key")
+    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating")
 
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
@@ -39,6 +40,8 @@ class _Compiled:
         self.updated = None  # storage indices an in-place op writes (known after a trace)
         self.ran = False  # fn has run once (so XLA compiled it): later runs are cache hits
         self.key = None  # the cache key (geometry, static args): see shape_free_key
+        self.partial = None  # storages an in-place op writes only part of, in big buffers
+        self.donating = None  # donation pattern -> jit that may overwrite those buffers
 
     def shape_free_key(self):
         """The cache key without sizes, strides and offsets: calls of one op that differ
@@ -289,6 +292,46 @@ def _jit_packed(program, codes):
     return fn
 
 
+# An in-place write into part of a big storage (a gradient copied into DDP's bucket, a
+# KV-cache slot) builds a whole new buffer unless XLA may overwrite the old one. When
+# nothing but the storage holds the old buffer, hand it over (donate) and the write costs
+# the view's size, not the storage's.
+DONATE_MIN_ELEMENTS = 1 << 16
+
+
+def _partial_writes(low: Lowering, pos, kw, leaves, entries) -> tuple:
+    """Storages the in-place op writes through a view smaller than a big storage."""
+    target = low.mutated[0]
+    names = [a.name for a in low.args]
+    idx = names.index(target)
+    spec = pos[idx] if idx < len(pos) else dict(kw).get(target)
+    if spec is None:
+        return ()
+    specs = [spec] if spec[0] == "T" else [x for x in spec[1] if x is not None and x[0] == "T"]
+    out = set()
+    for tspec in specs:
+        leaf = leaves[tspec[1]]
+        e = entries[leaf[0]]
+        if e.numel >= DONATE_MIN_ELEMENTS and math.prod(leaf[1]) < e.numel:
+            out.add(leaf[0])
+    return tuple(sorted(out))
+
+
+def _donating(compiled: _Compiled, donate: tuple):
+    fn = compiled.donating.get(donate)
+    if fn is None:
+        program, codes = compiled.program, compiled.fn.codes
+
+        def packed_program(donated, kept, packed, rngdata):
+            bufs = list(kept)
+            for i, b in zip(donate, donated):
+                bufs[i] = b
+            return program(tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
+
+        fn = compiled.donating[donate] = jax.jit(packed_program, donate_argnums=(0,))
+    return fn
+
+
 def _concrete(entry):
     b = entry.buf
     tb = type(b)
@@ -353,9 +396,26 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     mode = modes._state["mode"]
     entries = flat.entries
     rngdata = rng.next_key_data() if low.random else ()
-    bufs = tuple(_concrete(e) for e in entries)
+    bufs = [_concrete(e) for e in entries]
+    donate = ()
+    if compiled.partial is None:
+        compiled.partial = _partial_writes(low, key[2], key[3], flat.leaves, entries) \
+            if low.mode == "inplace" and low.mutated else ()
+        compiled.donating = {}
+    if compiled.partial:
+        # references: the entry, the list and getrefcount's own argument
+        donate = tuple(i for i in compiled.partial if sys.getrefcount(bufs[i]) == 3)
     try:
-        outs, updated = compiled.fn(bufs, scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
+        if donate:
+            donated = [bufs[i] for i in donate]
+            for i in donate:
+                bufs[i] = None
+            outs, updated = _donating(compiled, donate)(donated, bufs, scalars.pack(flat.dyn, compiled.fn.codes),
+                                                        rngdata)
+            del donated
+            metrics.bump("donated_writes")
+        else:
+            outs, updated = compiled.fn(tuple(bufs), scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():
