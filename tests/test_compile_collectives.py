@@ -12,49 +12,21 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
 
+import multiproc
 import pytest
 import torch
 import torch.distributed as dist
 
 HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
 CFG = dict(vocab=64, d=32, layers=1, heads=2, max_len=16)
 B, T, STEPS = 2, 8, 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(mode: str, world: int = 2, timeout: float = 240.0) -> list[dict]:
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), TF_CPP_MIN_LOG_LEVEL="2", TORCHTPU_COLLECTIVES=mode)
-        env.pop("PYTEST_CURRENT_TEST", None)
-        procs.append(subprocess.Popen([sys.executable, HERE, mode], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    out = []
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            so, se = p.communicate()
-        line = next((ln for ln in so.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            tail = "\n".join(ln for ln in se.splitlines() if not ln.startswith(("W1", "I1", "    @")))
-            raise AssertionError(f"rank failed (rc={p.returncode}):\n{tail[-5000:]}")
-        out.append(json.loads(line[len("RESULT "):]))
-    return out
+def _launch(mode: str) -> list[dict]:
+    job = multiproc.launch(HERE, mode, timeout=240.0, env_extra=dict(TORCHTPU_COLLECTIVES=mode))
+    return [multiproc.result(p) for p in job]
 
 
 @pytest.fixture(scope="module", params=["in_graph", "skinny"])

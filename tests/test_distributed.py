@@ -9,92 +9,26 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
+import multiproc
 import pytest
 import torch
 import torch.distributed as dist
 
 HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 # ----------------------------------------------------------------------------- launcher
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _launch(scenario: str, *args: str, **kw):
+    return multiproc.launch(HERE, scenario, *args, **kw)
 
 
-_CACHE = None
-
-
-def _launch(scenario: str, *args: str, world: int = 2, timeout: float = 150.0, env_extra=None):
-    """Run `scenario` in `world` processes; returns [(returncode, stdout, stderr, end)] where
-    `end` is the wall time (time.time()) at which that rank was seen to exit (ranks are
-    waited for in order)."""
-    global _CACHE
-    if _CACHE is None:  # jobs of one session share compiled executables
-        import atexit
-        import shutil
-        import tempfile
-
-        _CACHE = tempfile.mkdtemp(prefix="torchtpu-dist-cache-")
-        atexit.register(shutil.rmtree, _CACHE, True)
-    port = _free_port()
-    procs = []
-    t0 = time.monotonic()
-    for rank in range(world):
-        env = dict(os.environ)
-        env.update(
-            JAX_PLATFORMS="cpu",
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TF_CPP_MIN_LOG_LEVEL="2",
-            TORCHTPU_CACHE_DIR=_CACHE,
-            **(env_extra or {}),
-        )
-        env.pop("PYTEST_CURRENT_TEST", None)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, HERE, scenario, *args],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    out = []
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            so, se = p.communicate()
-        out.append((p.returncode, so, se, time.time()))
-    return out
-
-
-def _result(proc) -> dict:
-    rc, so, se, _ = proc
-    for line in so.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise AssertionError(f"worker failed (rc={rc}):\n{so[-3000:]}\n{_clean(se)[-6000:]}")
-
-
-def _clean(stderr: str) -> str:
-    return "\n".join(l for l in stderr.splitlines() if not l.startswith(("W1", "I1", "E1", "    @")))
+_result = multiproc.result
+_clean = multiproc.clean
 
 
 # ----------------------------------------------------------------------------- in-process
