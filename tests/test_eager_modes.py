@@ -244,3 +244,20 @@ def test_replayed_region_error_names_issuing_op(defer, churn3, monkeypatch):
     assert "mul" in notes and "test_eager_modes.py" in notes
     with pytest.raises(RuntimeError, match="value was lost"):
         y.cpu()
+
+
+def test_an_op_whose_shape_keeps_changing_compiles_fast_and_stays_exact():
+    # a KV cache growing by one each decoded token: after a few shapes of one op its
+    # executables compile without LLVM optimizations (cheaper), same numbers
+    torchtpu.reset_metrics()
+    k = torch.randn(1, 2, 1, 8)
+    kt = k.to("tpu")
+    q = torch.randn(1, 2, 1, 8)
+    qt = q.to("tpu")
+    for _ in range(8):
+        step = torch.randn(1, 2, 1, 8)
+        k = torch.cat([k, step], dim=2)
+        kt = torch.cat([kt, step.to("tpu")], dim=2)
+        torch.testing.assert_close((qt @ kt.transpose(-1, -2)).softmax(-1).cpu(),
+                                   (q @ k.transpose(-1, -2)).softmax(-1))
+    assert torchtpu.metrics().get("fast_compiles", 0) >= 1

@@ -9,6 +9,7 @@ storage, all inside one jax.jit. JAX's async dispatch keeps this asynchronous.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 
@@ -281,15 +282,33 @@ def _abstract(compiled: _Compiled, entries, dyn, random: bool) -> None:
     metrics.bump("abstract_evals")
 
 
-def _jit_packed(program, codes):
+# An op whose shapes keep changing (attention over a KV cache that grows each decoded
+# token) compiles a new executable per shape, each run a few times at most. From the
+# FAST_AFTER-th shape of one op on, those compile without LLVM's optimizations: a third
+# less XLA compile time for programs whose run time is dispatch anyway.
+FAST_AFTER = int(os.environ.get("TORCHTPU_FAST_COMPILE_AFTER", "4"))
+_FAST = {"xla_backend_optimization_level": 0}
+_shapes_seen: dict = {}
+
+
+def _jit_packed(program, codes, fast: bool = False):
     """jax.jit of `program` taking its runtime scalars packed (see eager/scalars.py)."""
 
     def packed_program(bufs, packed, rngdata):
         return program(bufs, tuple(scalars.unpack(packed, codes)), rngdata)
 
-    fn = jax.jit(packed_program)
+    fn = jax.jit(packed_program, compiler_options=_FAST) if fast else jax.jit(packed_program)
     fn.codes = codes
     return fn
+
+
+def _churning(compiled: _Compiled) -> bool:
+    skey = compiled.shape_free_key()
+    n = _shapes_seen[skey] = _shapes_seen.get(skey, 0) + 1
+    if n > FAST_AFTER:
+        metrics.bump("fast_compiles")
+        return True
+    return False
 
 
 # An in-place write into part of a big storage (a gradient copied into DDP's bucket, a
@@ -377,7 +396,7 @@ def execute(low: Lowering, args, kwargs):
         compiled = _Compiled()
         compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
-        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn))
+        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _churning(compiled))
         with _cache_lock:
             _cache[key] = compiled
     if modes._state["mode"] == "defer_and_fuse":
@@ -480,5 +499,6 @@ def cache_size() -> int:
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _shapes_seen.clear()
     deferred._fused_cache.clear()  # its keys hold the dropped op executables
     deferred.forget_signatures()
