@@ -287,7 +287,12 @@ def _tuple_output(sub: torch.fx.GraphModule) -> bool:
 
 # ---- bucketing --------------------------------------------------------------------------------
 
+# DDP's reducer makes its first bucket small (1 MB: the last layers' gradients, ready
+# first, so their reduction can start early); TORCHTPU_FIRST_BUCKET_MB does the same here.
+# By default it is as big as the others: on XLA:CPU a second collective cost more than the
+# overlap it allowed (bench dist, small GPT).
 BUCKET_BYTES = int(float(os.environ.get("TORCHTPU_BUCKET_MB", "25")) * (1 << 20))
+FIRST_BUCKET_BYTES = int(float(os.environ.get("TORCHTPU_FIRST_BUCKET_MB", "25")) * (1 << 20))
 
 
 def _meta(shape, dtype) -> torch.Tensor:
@@ -324,7 +329,7 @@ def bucket_all_reduces(gm: torch.fx.GraphModule) -> int:
         cur, size = [], 0
         for a in members:
             nbytes = a.args[0].meta["val"].numel() * a.args[0].meta["val"].element_size()
-            if cur and size + nbytes > BUCKET_BYTES:
+            if cur and size + nbytes > (BUCKET_BYTES if buckets else FIRST_BUCKET_BYTES):
                 buckets.append((op, group, dtype, cur))
                 cur, size = [], 0
             cur.append(a)
@@ -333,11 +338,12 @@ def bucket_all_reduces(gm: torch.fx.GraphModule) -> int:
     buckets = [b for b in buckets if len(b[3]) > 1]
     if not buckets:
         return len(ars)
-    # everything that depends on a reduced value goes to the end, in its order
-    last = [n for n in graph.nodes if n.op != "output" and n not in after][-1]
     aten = torch.ops.aten
-    cursor = last
+    order = {n: i for i, n in enumerate(graph.nodes)}
     for op, group, dtype, members in buckets:
+        # each bucket is reduced as soon as its last gradient exists, so in one program
+        # XLA may run it while the rest of the backward computes (skinny cannot)
+        cursor = max((a.args[0] for a in members), key=order.__getitem__)
         flats = []
         sizes = []
         for a in members:
@@ -375,9 +381,10 @@ def bucket_all_reduces(gm: torch.fx.GraphModule) -> int:
             wait.replace_all_uses_with(back)
             graph.erase_node(wait)
             graph.erase_node(a)
+    # everything that reads a reduced value goes to the end, in its order
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
     for n in [n for n in graph.nodes if n in after and n.op != "output"]:
-        cursor.append(n)
-        cursor = n
+        output.prepend(n)
     graph.lint()
     gm.recompile()
     bump("all_reduce_buckets", len(buckets))
