@@ -173,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8, help="sequences per process")
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--mode", default="strict", choices=("strict", "defer_and_fuse"))
+    p.add_argument("--launches", type=int, default=3, help="alternated jobs per compiled configuration")
     args = p.parse_args(argv)
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
               "--batch", str(args.batch), "--seq", str(args.seq), "--mode", args.mode]
@@ -192,19 +193,26 @@ def main(argv=None) -> int:
     print(f"      {rows[1][2]:.1f} / {rows[2][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up, "
           f"init_process_group {max(r['init_s'] for r in two):.1f} s)", flush=True)
     compiled = {}
-    for i, (mode, name) in enumerate((("skinny", "DDP compiled, skinny collectives"),
-                                      ("in_graph", "DDP compiled, in-graph collectives"))):
-        print(f"[{3 + i}/4] 2 processes, {name} (TORCHTPU_COLLECTIVES={mode}) ...", flush=True)
-        t0 = time.perf_counter()
-        # the collective-matching pre-check (c10d store) runs for each collective launched
-        # through the process group, i.e. for every skinny one but not inside an in-graph
-        # program: off in both compiled rows, so that they differ only by the collectives
-        res = _launch(2, ["--kind", "ddp_compiled", *common],
-                      env_extra=dict(TORCHTPU_COLLECTIVES=mode, TORCHTPU_DIST_CHECK="0"))
-        compiled[mode] = res
-        rows.append((name, 2, max(r["ms"]["sync"] for r in res)))
-        print(f"      {rows[-1][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and compiles; "
-              f"warm-up {max(r['warmup_s'] for r in res):.1f} s)", flush=True)
+    runs: dict = {"skinny": [], "in_graph": []}
+    names = {"skinny": "DDP compiled, skinny collectives", "in_graph": "DDP compiled, in-graph collectives"}
+    # the two compiled configurations run in separate jobs, alternated `--launches` times
+    # each, so that load drifting during the run hits both alike (median of the launches)
+    for k in range(args.launches):
+        for i, mode in enumerate(("skinny", "in_graph")):
+            print(f"[{3 + i}/4] 2 processes, {names[mode]} (TORCHTPU_COLLECTIVES={mode}), "
+                  f"launch {k + 1}/{args.launches} ...", flush=True)
+            t0 = time.perf_counter()
+            # the collective-matching pre-check (c10d store) runs for each collective launched
+            # through the process group, i.e. for every skinny one but not inside an in-graph
+            # program: off in both compiled rows, so that they differ only by the collectives
+            res = _launch(2, ["--kind", "ddp_compiled", *common],
+                          env_extra=dict(TORCHTPU_COLLECTIVES=mode, TORCHTPU_DIST_CHECK="0"))
+            compiled[mode] = res
+            runs[mode].append(max(r["ms"]["sync"] for r in res))
+            print(f"      {runs[mode][-1]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and "
+                  f"compiles; warm-up {max(r['warmup_s'] for r in res):.1f} s)", flush=True)
+    for mode in ("skinny", "in_graph"):
+        rows.append((names[mode], 2, statistics.median(runs[mode])))
 
     base = rows[0][2]
     skinny_ms = rows[3][2]
@@ -219,6 +227,8 @@ def main(argv=None) -> int:
         vs = f"{skinny_ms / ms:>10.2f}x" if name.endswith("in-graph collectives") else ""
         print(f"{name:<36}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}{vs}")
     ddp, nosync = rows[1][2], rows[2][2]
+    print(f"compiled rows, ms/step per launch in the order run: skinny {[round(v, 1) for v in runs['skinny']]}, "
+          f"in-graph {[round(v, 1) for v in runs['in_graph']]}")
     print()
     print("vs 1 proc: ms/step over the baseline's; vs skinny: compiled-skinny ms/step over this row's "
           "(> 1: in-graph is faster). Compiled rows: DDP python reducer (one all-reduce per parameter, fused into buckets by the compiler), "
