@@ -50,3 +50,34 @@ def test_generate(model_type):
     variant, r = _run(model_type, backward=False, generate=True, timeout=170)
     assert variant == "causal-lm"
     assert r.generate == "match", f"{model_type}: generate {r.generate}: {r.generate_detail}"
+
+
+# Harness data: model types whose tiny config or dummy inputs used to fail on CPU (cpu-error), one
+# per cause. CPU only (the reference forward), so cheap.
+HARNESS_CASES = {
+    "qwen2_vl_text": "mrope_section rescaled to the tiny head_dim",
+    "glm4v_moe_vision": "flattened patches + grid_thw for Qwen2-VL-style vision towers",
+    "granitemoehybrid": "per-type override of a size the config validator ties to hidden_size",
+    "qwen3_5": "causal-LM head registered for a composite config takes its text_config",
+    "mimi": "depthwise upsampling groups follow the shrunk hidden size",
+    "patchtst": "time-series recipe (past_values)",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(HARNESS_CASES))
+def test_cpu_reference_builds(model_type):
+    variant, cls = hf.variants(model_type, ("head",))[0]
+    model, inputs, out = hf.reference(model_type, variant, cls)
+    assert any(True for _ in hf.leaves(out)), HARNESS_CASES[model_type]
+
+
+def test_grad_tolerance_scales_with_magnitude():
+    import torch
+
+    g = torch.tensor([400.0, -0.5025])
+    ok = hf.compare({"g": (g + torch.tensor([0.0, 3e-4])).to("tpu")}, {"g": g}, grads=True)
+    assert ok[0] == "match", ok
+    bad = hf.compare({"g": (g + torch.tensor([0.0, 0.1])).to("tpu")}, {"g": g}, grads=True)
+    assert bad[0] == "mismatch", bad
+    fwd = hf.compare({"g": (g + torch.tensor([0.0, 3e-4])).to("tpu")}, {"g": g})
+    assert fwd[0] == "mismatch", fwd

@@ -978,3 +978,82 @@ def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_g = dot / n
     grad_v = (g / n) * (gw - v * (dot / (n * n)))
     return grad_v.astype(saved_v.dtype), grad_g.astype(saved_g.dtype)
+
+
+# --- fused RNN cells ------------------------------------------------------------------------
+# nn.LSTM / nn.GRU (aten::lstm / gru, CompositeImplicit) use these fused cells on every device but
+# CPU (RNN.cpp: input.is_privateuseone()); they have no CPU kernel, so a CPU fallback cannot serve
+# them. Gate order as PyTorch's: LSTM (input, forget, cell, output), GRU (reset, update, new).
+# The workspace is ours (only our backward reads it): LSTM the four activated gates (N, 4H); GRU
+# r, z, n, hx and the hidden new-gate pre-activation (N, 5H), as CUDA keeps them.
+
+
+@lower("_thnn_fused_lstm_cell")
+def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    dt = cx.dtype
+    gates = _up(input_gates) + _up(hidden_gates)
+    if input_bias is not None:
+        gates = gates + _up(input_bias)
+    if hidden_bias is not None:
+        gates = gates + _up(hidden_bias)
+    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+    cy = f * _up(cx) + i * g
+    hy = o * jnp.tanh(cy)
+    workspace = jnp.concatenate([i, f, g, o], axis=-1)
+    return hy.astype(dt), cy.astype(dt), workspace.astype(dt)
+
+
+@lower("_thnn_fused_lstm_cell_backward_impl")
+def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    dt = cx.dtype
+    ws = _up(workspace)
+    i, f, g, o = jnp.split(ws, 4, axis=-1)
+    cx, cy = _up(cx), _up(cy)
+    gh = jnp.zeros_like(cy) if grad_hy is None else _up(grad_hy)
+    gc = jnp.zeros_like(cy) if grad_cy is None else _up(grad_cy)
+    tcy = jnp.tanh(cy)
+    gcx = gh * o * (1 - tcy * tcy) + gc
+    gi = gcx * g * i * (1 - i)
+    gf = gcx * cx * f * (1 - f)
+    gg = gcx * i * (1 - g * g)
+    go = gh * tcy * o * (1 - o)
+    grad_gates = jnp.concatenate([gi, gf, gg, go], axis=-1)
+    grad_bias = grad_gates.sum(0) if has_bias else jnp.zeros(grad_gates.shape[-1:], grad_gates.dtype)
+    return grad_gates.astype(dt), (gcx * f).astype(dt), grad_bias.astype(dt)
+
+
+@lower("_thnn_fused_gru_cell")
+def _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    dt = hx.dtype
+    ig, hg = _up(input_gates), _up(hidden_gates)
+    if input_bias is not None:
+        ig = ig + _up(input_bias)
+    if hidden_bias is not None:
+        hg = hg + _up(hidden_bias)
+    ir, iz, in_ = jnp.split(ig, 3, axis=-1)
+    hr, hz, hn = jnp.split(hg, 3, axis=-1)
+    r = jax.nn.sigmoid(ir + hr)
+    z = jax.nn.sigmoid(iz + hz)
+    n = jnp.tanh(in_ + r * hn)
+    h = _up(hx)
+    hy = n + z * (h - n)
+    workspace = jnp.concatenate([r, z, n, h, hn], axis=-1)
+    return hy.astype(dt), workspace.astype(dt)
+
+
+@lower("_thnn_fused_gru_cell_backward")
+def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    dt = workspace.dtype
+    r, z, n, h, hn = jnp.split(_up(workspace), 5, axis=-1)
+    gh = _up(grad_hy)
+    gz = gh * (h - n) * z * (1 - z)
+    gn = gh * (1 - z) * (1 - n * n)
+    gr = gn * hn * r * (1 - r)
+    grad_input = jnp.concatenate([gr, gz, gn], axis=-1)
+    grad_hidden = jnp.concatenate([gr, gz, gn * r], axis=-1)
+    zeros = jnp.zeros(grad_input.shape[-1:], grad_input.dtype)
+    bi = grad_input.sum(0) if has_bias else zeros
+    bh = grad_hidden.sum(0) if has_bias else zeros
+    return (grad_input.astype(dt), grad_hidden.astype(dt), (gh * z).astype(dt), bi.astype(dt),
+            bh.astype(dt))

@@ -51,6 +51,17 @@ MODES = ("strict", "defer_and_fuse", "compile")
 # view or dtype) shows up as errors of 1e-2 or more. The max abs/rel error is reported per model.
 ATOL = 1e-4
 RTOL = 1e-4
+# Gradients: atol scales with each gradient tensor's largest magnitude (ATOL * max(1, max|g|)).
+# A gradient element is a sum over the batch and sequence whose float32 rounding error follows
+# the size of its largest terms, not of the sum: e.g. rwkv's embeddings (init std ~1e-4) go
+# through a layer norm that scales their gradient by 1/std to ~400, and elements of ~0.5 that are
+# differences of such terms carry float32 error ~3e-4 on CPU itself (vs a float64 reference:
+# CPU 2.9e-4, tpu 2.7e-4). A wrong op still shows as an error of the gradient's own size.
+GRAD_ATOL_SCALED = True
+# The global RNG is reseeded before every forward, CPU and tpu alike: models that draw random
+# numbers on the CPU inside forward (vilt's patch sampling: torch.multinomial on a CPU tensor)
+# then draw the same ones on both sides.
+SEED = 0
 
 
 @dataclass
@@ -154,10 +165,18 @@ def _shrink_dict(d: dict, top: bool = True) -> dict:
         if _is_config_dict(v) or (k in C.SUBCONFIG_KEYS and isinstance(v, dict)):
             new[k] = _shrink_dict(v, top=False)
             continue
-        if isinstance(v, dict) and k in ("rope_parameters", "rope_scaling") and \
-                isinstance(v.get("mrope_section"), list):
-            new[k] = dict(v, mrope_section=_rescale(v["mrope_section"], C.TINY["head_dim"] // 2))
-            continue
+        if isinstance(v, dict) and k in ("rope_parameters", "rope_scaling"):
+            sections = v.get("mrope_section")
+            if not isinstance(sections, list) and str(d.get("model_type", "")).startswith(C.MROPE_TYPES):
+                sections = C.MROPE_DEFAULT  # the model's code defaults to a full-size section list
+            if isinstance(sections, list):
+                frac = v.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
+                rot = int(C.TINY["head_dim"] * frac) // 2
+                if rot < len(sections):  # too few frequencies for the sections: rotate all dims
+                    v = {**v, "partial_rotary_factor": 1.0}
+                    rot = C.TINY["head_dim"] // 2
+                new[k] = dict(v, mrope_section=_rescale(sections, rot))
+                continue
         if isinstance(v, dict) and v and all(str(x).lstrip("-").isdigit() for x in v):
             new[k] = v  # per-layer dicts: trimmed below, once the layer count is known
             continue
@@ -271,8 +290,20 @@ def tiny_config(model_type: str):
         shrunk.pop(k, None)
     flat = {k: v for k, v in ov.items() if "." not in k}
     shrunk.update(flat)
+    late = {}
+    for k, v in ov.items():  # dotted keys into sub-config dicts: before __init__ validates them
+        if "." not in k:
+            continue
+        *path, last = k.split(".")
+        obj = shrunk
+        for part in path:
+            obj = obj.get(part) if isinstance(obj, dict) else None
+        if isinstance(obj, dict):
+            obj[last] = v
+        else:
+            late[k] = v
     cfg = type(default)(**shrunk)
-    _apply_overrides(cfg, {k: v for k, v in ov.items() if "." in k})
+    _apply_overrides(cfg, late)
     for sub in [cfg] + [getattr(cfg, k, None) for k in C.SUBCONFIG_KEYS]:
         if sub is not None and hasattr(sub, "use_cache"):
             sub.use_cache = False
@@ -288,7 +319,7 @@ def _get(cfg, *names, default=None):
         v = getattr(cfg, n, None)
         if v is not None:
             return v
-    for sub in ("text_config", "vision_config", "audio_config", "encoder"):
+    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config"):
         s = getattr(cfg, sub, None)
         if s is not None and not isinstance(s, dict):
             for n in names:
@@ -346,6 +377,8 @@ def make_inputs(model, variant: str) -> list[dict]:
     name = getattr(model, "main_input_name", "input_ids")
     if isinstance(name, (list, tuple)):
         name = name[0] if name else "input_ids"
+    if name not in params:  # sub-models that keep the default main_input_name: their first input
+        name = next((n for n in C.MAIN_INPUTS if n in params), name)
     b, s = t["batch"], t["seq"]
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
@@ -375,12 +408,38 @@ def make_inputs(model, variant: str) -> list[dict]:
             return {key: torch.randn(b, _get(vc, "num_frames", default=4), ch, h, w, generator=g)}
         return {key: torch.randn(b, ch, h, w, generator=g)}
 
+    def patches(key):
+        """Flattened patches + grid_thw (Qwen2-VL-style vision towers): 2 images of 4x4 patches."""
+        vc = getattr(cfg, "vision_config", None) or cfg
+        ch = _get(vc, "in_channels", "in_chans", "num_channels", default=3)
+        tps = _get(vc, "temporal_patch_size", default=1)
+        ps = _get(vc, "patch_size", default=t["patch"])
+        tps = tps[0] if isinstance(tps, (list, tuple)) else tps
+        ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+        m = _get(vc, "spatial_merge_size", default=2)
+        grid = torch.tensor([[1, 2 * m, 2 * m]] * b)
+        n = int(grid.prod(-1).sum())
+        return {key: torch.randn(n, ch * tps * ps * ps, generator=g), grid_key: grid}
+
+    grid_key = next((k for k in ("grid_thw", "image_grid_thw") if k in params), None)
     cands: list[dict] = []
+    if grid_key and name in ("hidden_states", "pixel_values"):
+        cands.append(patches(name))
     if name == "input_ids":
         cands.append(text())
-        if "pixel_values" in params and getattr(cfg, "vision_config", None) is not None:
+        if "pixel_values" in params:  # vision-language models whose forward needs an image
             cands.append({**text(), **pixels()})
+    elif name == "hidden_states" and grid_key:
+        pass
     elif name in ("pixel_values", "images", "pixel_values_videos"):
+        if "spatial_shapes" in params:  # NaFlex (SigLIP2): patchified pixels + mask + patch grid
+            vc = getattr(cfg, "vision_config", None) or cfg
+            ps = _get(vc, "patch_size", default=t["patch"])
+            ch = _get(vc, "num_channels", default=3)
+            n = 16
+            cands.append({name: torch.randn(b, n, ch * ps * ps, generator=g),
+                          "pixel_attention_mask": torch.ones(b, n, dtype=torch.long),
+                          "spatial_shapes": torch.tensor([[4, 4]] * b)})
         if _get(cfg, "num_frames") is not None or name == "pixel_values_videos":
             cands.append(pixels(name, video=True))
         cands.append(pixels(name))
@@ -393,20 +452,73 @@ def make_inputs(model, variant: str) -> list[dict]:
         x = torch.randn(b, bins, frames, generator=g)
         cands.append({name: x})
         cands.append({name: x.transpose(1, 2).contiguous()})
-        if "attention_mask" in params:
-            cands.append({name: x.transpose(1, 2).contiguous(), "attention_mask": torch.ones(b, frames, dtype=torch.long)})
+        for mk in ("attention_mask", "input_features_mask"):
+            if mk in params:
+                ones = torch.ones(b, frames, dtype=torch.long)
+                cands += [{name: x.transpose(1, 2).contiguous(), mk: ones}, {name: x, mk: ones},
+                          {name: x, mk: ones.bool()}]
     elif name == "input_values":
         if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):  # spectrogram transformers
             cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
         x = torch.randn(b, t["audio_samples"], generator=g)
         cands += [{name: x}, {name: x[:, None]}]
+    elif name == "inputs_embeds":
+        hidden = _get(cfg, "hidden_size", "d_model", default=t["hidden"])
+        cands.append({name: torch.randn(b, s, hidden, generator=g)})
+    elif name == "past_values":
+        cands += _time_series(cfg, params, b, g)
     else:
         raise _NoRecipe(f"no dummy-input recipe for main input {name!r}")
+    if "noise" in params and name == "pixel_values":  # random patch masking (ViT-MAE): the same noise both sides
+        vc = getattr(cfg, "vision_config", None) or cfg
+        size = _get(vc, "image_size", default=t["image"])
+        ps = _get(vc, "patch_size", default=t["patch"])
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+        noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
+        cands = [dict(c, noise=noise) for c in cands] + cands
+    if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
+        q = ids(s)
+        for c in cands:
+            c.setdefault("qformer_input_ids", q)
     if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         dec = ids(t["decoder_seq"])
         for c in cands:
             c["decoder_input_ids"] = dec
     return cands
+
+
+def _time_series(cfg, params, b: int, g) -> list[dict]:
+    """Forecasting models: a context window of values (plus time features, observed mask and the
+    future window for the encoder-decoder forecasters)."""
+    ctx = getattr(cfg, "context_length", None) or 32
+    pred = getattr(cfg, "prediction_length", None) or 4
+    ch = getattr(cfg, "num_input_channels", None) or getattr(cfg, "input_size", None) or 1
+    out = []
+    if "past_time_features" in params:  # informer / autoformer / time-series-transformer
+        n = ctx + max(getattr(cfg, "lags_sequence", None) or [0])
+        nt = getattr(cfg, "num_time_features", 0) or 0
+        shape = (b, n) if ch == 1 else (b, n, ch)
+        d = {"past_values": torch.randn(*shape, generator=g),
+             "past_time_features": torch.randn(b, n, nt, generator=g),
+             "past_observed_mask": torch.ones(*shape)}
+        fshape = (b, pred) if ch == 1 else (b, pred, ch)
+        if "future_values" in params:
+            d["future_values"] = torch.randn(*fshape, generator=g)
+        if "future_time_features" in params:
+            d["future_time_features"] = torch.randn(b, pred, nt, generator=g)
+        for k, cnt in (("static_categorical_features", "num_static_categorical_features"),
+                       ("static_real_features", "num_static_real_features")):
+            c = getattr(cfg, cnt, 0) or 0
+            if c and k in params:
+                d[k] = torch.zeros(b, c, dtype=torch.long) if "categorical" in k else torch.randn(b, c, generator=g)
+        out.append(d)
+    out.append({"past_values": torch.randn(b, ctx, ch, generator=g)})  # patchtst / patchtsmixer
+    out.append({"past_values": torch.randn(b, ctx, generator=g)})      # timesfm
+    if "past_values_padding" in params:
+        out.append({"past_values": torch.randn(b, ctx, generator=g), "past_values_padding": torch.zeros(b, ctx),
+                    "freq": torch.zeros(b, 1, dtype=torch.long)})
+    return out
 
 
 class _NoRecipe(Exception):
@@ -430,8 +542,9 @@ def leaves(x, prefix="out"):
     # Cache objects and other values are not compared (use_cache=False in tiny configs).
 
 
-def compare(actual, expected) -> tuple[str, str, float, float]:
-    """(state, detail, max_abs, max_rel) over every tensor in the outputs."""
+def compare(actual, expected, grads: bool = False) -> tuple[str, str, float, float]:
+    """(state, detail, max_abs, max_rel) over every tensor in the outputs (grads: gradients,
+    whose atol scales with their magnitude, see GRAD_ATOL_SCALED)."""
     a = dict(leaves(actual))
     e = dict(leaves(expected))
     if set(a) != set(e):
@@ -454,8 +567,11 @@ def compare(actual, expected) -> tuple[str, str, float, float]:
                 diff = (ac[fin].double() - ec[fin].double()).abs()
                 max_abs = max(max_abs, diff.max().item())
                 max_rel = max(max_rel, (diff / ec[fin].double().abs().clamp_min(1e-12)).max().item())
+            atol = ATOL
+            if grads and GRAD_ATOL_SCALED and ec.numel() and fin.any():
+                atol = ATOL * max(1.0, ec[fin].abs().max().item())
             try:
-                torch.testing.assert_close(ac, ec, atol=ATOL, rtol=RTOL, equal_nan=True)
+                torch.testing.assert_close(ac, ec, atol=atol, rtol=RTOL, equal_nan=True)
             except AssertionError as err:
                 bad.append(f"{k}: {_short(err, 4)}")
         elif not torch.equal(ac, ec):
@@ -531,19 +647,32 @@ def build(model_type: str, cls_name: str, attn: str | None = None):
 
     cfg = tiny_config(model_type)
     cls = getattr(transformers, cls_name)
+    want = getattr(cls, "config_class", None)
+    if isinstance(want, type) and not isinstance(cfg, want):
+        # a head registered for a composite config that takes its text sub-config (qwen3_5 causal-LM)
+        sub = getattr(cfg, "text_config", None)
+        if isinstance(sub, want):
+            cfg = sub
     torch.manual_seed(0)
     kw = {"attn_implementation": attn} if attn else {}
     model = cls._from_config(cfg, dtype=torch.float32, **kw)
     return model.eval()
 
 
-def reference(model_type: str, variant: str, cls_name: str, attn: str | None = None):
-    """(model, inputs, outputs) on CPU: the tiny model and the first dummy inputs it accepts."""
+def reference(model_type: str, variant: str, cls_name: str, attn: str | None = None,
+              pristine: list | None = None):
+    """(model, inputs, outputs) on CPU: the tiny model and the first dummy inputs it accepts.
+    `pristine` gets a copy of the model taken before any forward: modules that cache tensors in
+    plain attributes on their first call (mimi's codebook `_embed`) would otherwise carry a CPU
+    tensor that Module.to() does not move."""
     model = build(model_type, cls_name, attn)
+    if pristine is not None:
+        pristine.append(copy.deepcopy(model))
     first = None
     for inputs in make_inputs(model, variant):
         try:
             with torch.no_grad():
+                torch.manual_seed(SEED)
                 return model, inputs, model(**inputs)
         except _Timeout:
             raise
@@ -579,7 +708,8 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
     res.failing_op = "cpu"
     res.modality = _class_modality(res.cls)
     try:
-        model, inputs, expected = reference(res.model_type, res.variant, res.cls, attn)
+        fresh: list = []
+        model, inputs, expected = reference(res.model_type, res.variant, res.cls, attn, pristine=fresh)
         res.modality = modality(model)
         res.attn = str(getattr(model.config, "_attn_implementation", "") or "")
     except _NoRecipe as e:
@@ -596,9 +726,10 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
     torchtpu.reset_metrics()
     try:
         with _mode(mode):
-            tmodel = copy.deepcopy(model).to("tpu")
+            tmodel = fresh.pop().to("tpu")
             fwd = torch.compile(tmodel, backend="tpu") if mode == "compile" else tmodel
             with torch.no_grad():
+                torch.manual_seed(SEED)
                 actual = fwd(**tinputs)
             state, detail, res.max_abs, res.max_rel = compare(actual, expected)
     except _Timeout:
@@ -621,6 +752,7 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
 def _backward(model, tmodel, inputs, tinputs, mode, res, call=None) -> tuple[str, str]:
     try:
         model.zero_grad(set_to_none=True)
+        torch.manual_seed(SEED)
         loss = model(**inputs, labels=inputs["input_ids"]).loss
         loss.backward()
     except Exception as e:
@@ -629,13 +761,14 @@ def _backward(model, tmodel, inputs, tinputs, mode, res, call=None) -> tuple[str
     try:
         with _mode(mode):
             tmodel.zero_grad(set_to_none=True)
+            torch.manual_seed(SEED)
             tloss = (tmodel if call is None else call)(**tinputs, labels=tinputs["input_ids"]).loss
             tloss.backward()
             grads_t = {n: p.grad for n, p in tmodel.named_parameters() if p.grad is not None}
             grads_c = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             both = sorted(set(grads_t) & set(grads_c))
             state, detail, _, _ = compare({"loss": tloss, **{n: grads_t[n] for n in both}},
-                                          {"loss": loss, **{n: grads_c[n] for n in both}})
+                                          {"loss": loss, **{n: grads_c[n] for n in both}}, grads=True)
             missing = sorted(set(grads_t) ^ set(grads_c))
             if missing and state == "match":
                 state, detail = "mismatch", f"gradient presence differs: {missing[:3]}"
@@ -956,7 +1089,7 @@ def main(argv=None) -> int:
     p.add_argument("--generate", action="store_true", help="greedy generate(max_new_tokens=8) on causal LMs")
     p.add_argument("--timeout", type=int, default=180, help="seconds per model (soft, in the worker)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (0: in this process)")
-    p.add_argument("--limit", type=int, help="first N model types only")
+    p.add_argument("--limit", type=int, help="first N model types only (with --shuffle: N at random)")
     p.add_argument("--shuffle", type=int, metavar="SEED",
                    help="run the models in a seeded random order (an interrupted sweep is a sample)")
     p.add_argument("--resume", action="store_true",
@@ -969,8 +1102,13 @@ def main(argv=None) -> int:
     if args.mode == "compile" and not compile_available():
         print("mode compile: not available (no torch.compile backend 'tpu' registered yet)", file=sys.stderr)
     types = args.models or (list(C.SUBSET) if args.subset else model_types())
-    if args.limit:
-        types = types[: args.limit]
+    if args.limit:  # with --shuffle: a seeded random sample of the types, else the first N
+        if args.shuffle is not None:
+            import random
+
+            types = sorted(random.Random(args.shuffle).sample(types, min(args.limit, len(types))))
+        else:
+            types = types[: args.limit]
     jobs = [(t, v, c) for t in types for v, c in variants(t, args.variants)]
     if args.shuffle is not None:
         import random

@@ -91,7 +91,50 @@ OVERRIDES: dict[str, dict] = {
     "swinv2": {"window_size": 2},
     "donut-swin": {"window_size": 2},
     "maskformer-swin": {"window_size": 2},
+    # sizes that the config's validator ties to the (shrunk) hidden size
+    "fun_asr_nano": {"adaptor_config.intermediate_size": 8},
+    "granite_docling": {"vision_config.out_hidden_size": 32},
+    "muse_spark": {"audio_config.out_hidden_size": 32},
+    "nemotron3_diarization": {"head_config.audio_hidden_size": 32},
+    "pocket_tts": {"flow_head_config.condition_dim": 32},
+    "molmo2": {"adapter_config.vision_feature_layer": [-1, -2]},
+    "granitemoehybrid": {"mamba_n_heads": 8, "mamba_d_head": 8},
+    "hunyuan_v1_dense": {"head_dim": 8},  # head_dim=None in the default: hidden // heads is not derived
+    "hunyuan_v1_moe": {"head_dim": 8},
+    "ministral": {"head_dim": 8},
+    "bamba": {"mamba_n_heads": 8, "mamba_d_head": 8},
+    "falcon_h1": {"mamba_d_ssm": 32},  # = mamba_n_heads * mamba_d_head
+    "layoutlmv3": {"coordinate_size": 6, "shape_size": 4},  # 4 * coordinate + 2 * shape = hidden
+    "esm": {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},  # the default has no vocabulary
+    "bit": {"num_groups": 4},  # group norms over the shrunk channel counts
+    # forecasters without a default horizon
+    "informer": {"prediction_length": 4, "context_length": 8},
+    "autoformer": {"prediction_length": 4, "context_length": 8},
+    "time_series_transformer": {"prediction_length": 4, "context_length": 8},
+    "gemma3n_text": {"num_kv_shared_layers": 0},  # the default shares the KV of 15 of 35 layers
+    "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
+    "wavtokenizer_encoder": {"codebook_dim": 32},
+    "mamba2": {"num_heads": 8},  # hidden_size * expand = num_heads * head_dim
+    # sampling inside forward (torch.randn on the model's device): noise off, so both sides agree
+    "vits": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
+    # depthwise upsampling convolutions: groups = the (shrunk) hidden size
+    "mimi": {"upsample_groups": 32},
+    "csm": {"codec_config.upsample_groups": 32},
+    "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
+    "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},
 }
+
+# The main input of a model whose forward lacks its class's main_input_name (vision / audio
+# sub-models that keep the default "input_ids"): the first of these its forward takes.
+MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "input_values")
+
+# Model types (prefixes) whose rotary embedding splits frequencies into (t, h, w) sections
+# (rope_parameters["mrope_section"], defaulted in the modeling code to a full-size list): the tiny
+# config gets sections summing to the tiny rotary half-dimension.
+MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "qwen3_vl", "qwen3_omni", "qwen3_5", "qwen4_exp",
+               "glm4v", "glm_image", "glm_ocr", "glmga", "paddleocr_vl", "ernie4_5_vl", "cohere_compass",
+               "cosmos3_edge", "hy_v4_vl")
+MROPE_DEFAULT = [16, 24, 24]
 
 # Which head to run per model type, first one that exists (plus the base model). Encoder-decoders
 # run their seq2seq head, encoders (BERT-likes, which also ship a causal-LM head) their masked-LM
