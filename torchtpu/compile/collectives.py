@@ -256,6 +256,9 @@ class SkinnyGraph:
                 pid += 1
                 part[n] = pid
                 pid += 1
+            elif n.target is funcol.wait_tensor.default and n.args[0] in part and is_collective(n.args[0]):
+                # waited on where it was issued, so PyTorch's registry of in-flight work sees it
+                part[n] = part[n.args[0]]
             else:
                 part[n] = pid
         split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
