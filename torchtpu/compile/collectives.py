@@ -97,19 +97,10 @@ def why_not_in_graph(gm: torch.fx.GraphModule) -> str | None:
 
 # ---- the collectives as JAX on each rank's block (inside shard_map over AXIS) ---------------
 
-_KINDS = {"sum": "sum", "avg": "avg", "max": "max", "min": "min", "product": "prod",
-          "band": "band", "bor": "bor", "bxor": "bxor"}
-
-
 def _kind(reduce_op: str, dtype) -> str:
     from ..distributed import backend
 
-    k = _KINDS.get(reduce_op.lower())
-    if k is None:
-        raise NotImplementedError(f"torchtpu compile: reduce op {reduce_op!r} inside a compiled graph")
-    if dtype == jnp.bool_:
-        k = {"sum": "max", "avg": "max", "prod": "min", "band": "min", "bor": "max"}.get(k, k)
-    return k
+    return backend.reduce_kind_named(reduce_op, dtype)
 
 
 def _all_reduce(ctx, x, reduce_op, group_name):

@@ -315,6 +315,24 @@ def _reduce_kind(op, dtype) -> str:
         k = "bxor"
     else:
         raise ValueError(f"torchtpu.distributed: reduce op {op} is not supported")
+    return _for_dtype(k, dtype)
+
+
+# the reduce-op names functional collectives (_c10d_functional) pass
+_NAMED = {"sum": "sum", "avg": "avg", "max": "max", "min": "min", "product": "prod",
+          "band": "band", "bor": "bor", "bxor": "bxor"}
+
+
+def reduce_kind_named(name: str, dtype) -> str:
+    """_reduce_kind for a functional collective's reduce-op string ("sum", "product", ...)."""
+    k = _NAMED.get(name.lower())
+    if k is None:
+        raise NotImplementedError(f"torchtpu.distributed: reduce op {name!r} is not supported")
+    return _for_dtype(k, dtype)
+
+
+def _for_dtype(k: str, dtype) -> str:
+    # bool tensors reduce as logic: sum/avg/bor are "any", prod/band "all"
     if dtype == np.bool_:
         k = {"sum": "max", "avg": "max", "prod": "min", "band": "min", "bor": "max"}.get(k, k)
     return k

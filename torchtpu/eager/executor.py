@@ -415,26 +415,28 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     mode = modes._state["mode"]
     entries = flat.entries
     rngdata = rng.next_key_data() if low.random else ()
-    bufs = [_concrete(e) for e in entries]
+    bufs = tuple([_concrete(e) for e in entries])
     donate = ()
     if compiled.partial is None:
         compiled.partial = _partial_writes(low, key[2], key[3], flat.leaves, entries) \
             if low.mode == "inplace" and low.mutated else ()
         compiled.donating = {}
     if compiled.partial:
-        # references: the entry, the list and getrefcount's own argument
+        # references: the entry, the tuple and getrefcount's own argument
         donate = tuple(i for i in compiled.partial if sys.getrefcount(bufs[i]) == 3)
     try:
         if donate:
-            donated = [bufs[i] for i in donate]
+            kept = list(bufs)
+            donated = [kept[i] for i in donate]
             for i in donate:
-                bufs[i] = None
-            outs, updated = _donating(compiled, donate)(donated, bufs, scalars.pack(flat.dyn, compiled.fn.codes),
+                kept[i] = None
+            bufs = None
+            outs, updated = _donating(compiled, donate)(donated, kept, scalars.pack(flat.dyn, compiled.fn.codes),
                                                         rngdata)
             del donated
             metrics.bump("donated_writes")
         else:
-            outs, updated = compiled.fn(tuple(bufs), scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
+            outs, updated = compiled.fn(bufs, scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():

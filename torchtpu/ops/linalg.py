@@ -950,11 +950,16 @@ def ormqr(self, input2, input3, left=True, transpose=False):
 # --- eig: XLA has a general eigensolver on the CPU backend only; elsewhere it stays a CPU op ----
 
 
-def _linalg_eig_fn(self):
-    _check_float(self, "linalg.eig")
-    _check_square(self, "linalg.eig")
-    cdt = jnp.complex64 if jnp.dtype(self.dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.complex64)) \
+def _eig_dtype(self, name: str):
+    """Checks an eig input; the complex dtype of its results."""
+    _check_float(self, name)
+    _check_square(self, name)
+    return jnp.complex64 if jnp.dtype(self.dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.complex64)) \
         else jnp.complex128
+
+
+def _linalg_eig_fn(self):
+    cdt = _eig_dtype(self, "linalg.eig")
     if self.shape[-1] == 0:
         return jnp.zeros(self.shape[:-1], cdt), jnp.zeros(self.shape, cdt)
     w, v = lax.linalg.eig(self, compute_left_eigenvectors=False, compute_right_eigenvectors=True)
@@ -962,10 +967,7 @@ def _linalg_eig_fn(self):
 
 
 def _linalg_eigvals_fn(self):
-    _check_float(self, "linalg.eigvals")
-    _check_square(self, "linalg.eigvals")
-    cdt = jnp.complex64 if jnp.dtype(self.dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.complex64)) \
-        else jnp.complex128
+    cdt = _eig_dtype(self, "linalg.eigvals")
     if self.shape[-1] == 0:
         return jnp.zeros(self.shape[:-1], cdt)
     (w,) = lax.linalg.eig(self, compute_left_eigenvectors=False, compute_right_eigenvectors=False)
