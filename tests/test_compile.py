@@ -53,6 +53,33 @@ def test_mlp_forward_backward_matches_cpu(no_fallback):
         close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_forward_saves_parameters_and_their_views_not_copies(no_fallback):
+    # aot_autograd's forward returns the weights (and their transposes) it saves for
+    # backward; they must be the parameters' own storage, not a copy made every step
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    mt = copy.deepcopy(m).to("tpu")
+    storages = {p.untyped_storage()._cdata for p in mt.parameters()}
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    x = torch.randn(5, 8)
+    f = torch.compile(mt, backend="tpu")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = f(tpu(x))
+    shared = [t for t in saved if t.untyped_storage()._cdata in storages]
+    assert len(shared) >= 3, [tuple(t.shape) for t in saved]
+    yc = m(x)
+    close(y, yc, atol=1e-5, rtol=1e-5)
+    y.square().sum().backward()
+    yc.square().sum().backward()
+    for p, q in zip(mt.parameters(), m.parameters()):
+        close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
 def _train(model, batch, crit, steps, device, compiled):
     model = copy.deepcopy(model).to(device)
     x, y = (t.to(device) for t in batch)

@@ -8,6 +8,7 @@ compiles once and is counted in torchtpu.metrics() like any compile.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -91,6 +92,29 @@ class CompiledGraph:
             n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in out_node.args[0]
         ]
         self.out_nodes = [n if isinstance(n, torch.fx.Node) else None for n in out_node.args[0]]
+        # Outputs the program need not produce: an input returned unchanged (aot_autograd's
+        # forward returns the parameters it saves for backward) is that input tensor itself,
+        # as Inductor returns it, and a node returned twice is one tensor. Each would
+        # otherwise be a copy inside the program and one more buffer to hand out per call.
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        written = {n.args[0] for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
+        self.reuse: dict[int, tuple[str, int]] = {}
+        first: dict = {}
+        for pos, (n, val) in enumerate(zip(self.out_nodes, self.out_vals)):
+            if n is None or not isinstance(val, torch.Tensor):
+                continue
+            if n in first:
+                self.reuse[pos] = ("output", first[n])
+            elif n.op == "placeholder" and n not in written:
+                self.reuse[pos] = ("input", placeholders.index(n))
+            else:
+                view = _view_of_input(n, written)
+                if view is not None:
+                    # a saved transposed weight: the same storage, not a transposed copy
+                    self.reuse[pos] = ("view", placeholders.index(view[0])) + view[1:]
+                else:
+                    first[n] = pos
         self._jits: dict = {}
         self._lock = threading.Lock()
 
@@ -99,6 +123,7 @@ class CompiledGraph:
         (output shapes, which CPU inputs it mutates), filled in on first call.
         Buffers at the positions in `donate` are handed to XLA to overwrite."""
         program = self.program
+        reuse = self.reuse
         learned = {}
 
         def run(donated, kept, rngdata, host_values):
@@ -121,7 +146,8 @@ class CompiledGraph:
                     inputs.append(s[1])
                 else:
                     inputs.append(None)
-            outs, mutated = program(inputs, rngdata, host_values)
+            outs, mutated = program(inputs, rngdata, _unpack_host(host_values, sig[-1]) if host_values else ())
+            outs = [None if i in reuse else o for i, o in enumerate(outs)]
             # the new contents of each mutated input's storage
             written = {}
             host = []
@@ -169,9 +195,9 @@ class CompiledGraph:
             # host part may overwrite them (step += 1)
             got = host.fn(*args)
             n = len(host.to_device)
-            host_values = [torch_to_numpy(v) if isinstance(v, torch.Tensor) else v for v in got[:n]]
+            host_values, layout = _pack_host(got[:n])
             host_outs = dict(zip(host.outputs, got[n:]))
-            sig = sig + (tuple((np.shape(v), getattr(v, "dtype", type(v))) for v in host_values),)
+            sig = sig + (layout,)
         donate = self._donatable(sig, bufs, entries) if self.program.mutated_inputs else ()
         key = (sig, donate)
         got = self._jits.get(key)
@@ -206,8 +232,19 @@ class CompiledGraph:
         if packed is not None:
             _write_host(args, learned["host"], packed)
         results = []
-        for val, node, o, shape in zip(self.out_vals, self.out_nodes, outs, learned["shapes"]):
-            if node in host_outs:
+        reuse = self.reuse
+        for pos, (val, node, o, shape) in enumerate(zip(self.out_vals, self.out_nodes, outs, learned["shapes"])):
+            if pos in reuse:
+                kind, i, *view = reuse[pos]
+                if kind == "input":
+                    results.append(args[i])
+                elif kind == "output":
+                    results.append(results[i])
+                else:
+                    base = args[i]
+                    shape, stride, delta = view
+                    results.append(tensors.alias(base, shape, stride, base.storage_offset() + delta))
+            elif node in host_outs:
                 results.append(host_outs[node])
             elif isinstance(val, torch.Tensor):
                 if val.device.type == "cpu":
@@ -221,6 +258,64 @@ class CompiledGraph:
                 results.append(None)
         args.clear()
         return results
+
+
+def _view_of_input(node, written):
+    """(placeholder, shape, stride, offset from the input's) when `node` is a chain of
+    same-dtype views of a tpu graph input nothing writes, else None."""
+    val = node.meta.get("val")
+    n = node
+    while (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and _graph.is_view(n.target) and isinstance(n.args[0], torch.fx.Node)):
+        n = n.args[0]
+    if n is node or n.op != "placeholder" or n in written:
+        return None
+    base = n.meta.get("val")
+    if (not isinstance(base, torch.Tensor) or base.device.type != "tpu" or base.dtype != val.dtype
+            or any(isinstance(x, torch.SymInt) for x in (*val.shape, *val.stride(), val.storage_offset(),
+                                                        base.storage_offset()))):
+        return None
+    return n, tuple(val.shape), tuple(val.stride()), val.storage_offset() - base.storage_offset()
+
+
+def _pack_host(values) -> tuple:
+    """The host part's values for the program as one array per dtype plus the Python
+    numbers, and their layout: an optimizer step hands over two values per parameter,
+    and one argument each cost more to convert and to dispatch than the work they carry."""
+    groups: dict = {}
+    layout = []
+    numbers = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            g = groups.get(v.dtype)
+            if g is None:
+                g = groups[v.dtype] = [len(groups), [], 0, True]
+            layout.append(("t", g[0], g[2], tuple(v.shape), v.dtype))
+            g[1].append(v)
+            g[2] += v.numel()
+            g[3] = g[3] and v.dim() == 0
+        else:
+            layout.append(("n", len(numbers), type(v)))
+            numbers.append(v)
+    arrays = tuple(
+        # .item() of a 0-d tensor is exact for every dtype (a float32 is a Python float)
+        np.array([t.item() for t in ts], dtype=TORCH_TO_JAX[ts[0].dtype]) if scalars
+        else torch_to_numpy(torch.cat([t.reshape(-1) for t in ts]))
+        for _, ts, _, scalars in groups.values()
+    )
+    return (arrays, tuple(numbers)), tuple(layout)
+
+
+def _unpack_host(packed, layout) -> list:
+    arrays, numbers = packed
+    out = []
+    for item in layout:
+        if item[0] == "t":
+            _, g, off, shape, _ = item
+            out.append(arrays[g][off:off + math.prod(shape)].reshape(shape))
+        else:
+            out.append(numbers[item[1]])
+    return out
 
 
 def _write_host(args, host, packed) -> None:
