@@ -59,14 +59,25 @@ def _assert_matches_reference(res: list[dict]) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
-@pytest.fixture(scope="module")
-def job():
-    return _launch("main")
+@pytest.fixture(scope="module", params=["strict", "defer_and_fuse"])
+def job(request):
+    # defer_and_fuse: DTensor's and FSDP2's functional collectives join the fused regions
+    return _launch("main", env_extra={"TORCHTPU_EAGER_MODE": request.param})
+
+
+def _fused(job) -> bool:
+    return any(_result(p)["mode"] == "defer_and_fuse" for p in job)
+
+
+def _assert_collectives_fused(job, res) -> None:
+    for r in res:
+        assert (r["fused_collectives"] > 0) == _fused(job), r["fused_collectives"]
 
 
 def test_fsdp2_matches_single_process_cpu(job):
     res = _section(job, "fsdp")
     _assert_matches_reference(res)
+    _assert_collectives_fused(job, res)
     for r in res:
         # parameters really were sharded, and resharded after forward (storage freed, re-gathered)
         assert r["local_numel"] < r["full_numel"], r
@@ -79,6 +90,7 @@ def test_dtensor_direct(job):
         bad = {k: v for k, v in r["checks"].items() if v != "ok"}
         assert not bad, bad
         assert r["fallbacks"] == {}, r["fallbacks"]
+    _assert_collectives_fused(job, res)
 
 
 def test_tensor_parallel_matches_single_process_cpu(job):
@@ -88,6 +100,19 @@ def test_tensor_parallel_matches_single_process_cpu(job):
         assert r["sharded"] == ["blocks.0.fc.bias", "blocks.0.fc.weight", "blocks.0.out.weight",
                                 "blocks.0.proj.weight", "blocks.0.qkv.bias", "blocks.0.qkv.weight"], r["sharded"]
         assert r["local_numel"] < r["full_numel"], r
+    _assert_collectives_fused(job, res)
+
+
+def test_ranks_that_fuse_different_regions_fall_back_together():
+    # defer_and_fuse: rank 0 reads a value on the host between two all-reduces, rank 1 does
+    # not, so their regions around the collectives differ; both must notice, replay, and agree
+    job = _launch("asymmetric", env_extra={"TORCHTPU_EAGER_MODE": "defer_and_fuse"})
+    res = [_result(p)["asymmetric"] for p in job]
+    for r in res:
+        assert "error" not in r, r["error"]
+        assert r["value"] == r["expected"], r
+        assert r["replayed"] >= 1, r
+    assert "fused different regions around their collectives" in job[0][2], multiproc.clean(job[0][2])[-3000:]
 
 
 def test_streams_events_and_storage_identity_in_process():
@@ -216,6 +241,23 @@ def _check(name, fn, results):
         results[name] = f"{type(e).__name__}: {e}"
 
 
+def _asymmetric(rank: int, world: int) -> dict:
+    import torch.distributed._functional_collectives as funcol
+
+    import torchtpu
+
+    x = torch.arange(4.0)
+    a = x.to("tpu") * 2
+    b = funcol.all_reduce(a, "sum", dist.group.WORLD)
+    if rank == 0:
+        (b + 1).sum().item()  # only rank 0 cuts its region here
+    c = funcol.all_reduce(b * 3, "sum", dist.group.WORLD)
+    d = funcol.all_reduce(c + 1, "sum", dist.group.WORLD)  # after the fallback: on its own
+    expected = ((x * 2 * world * 3 * world) + 1) * world
+    return dict(value=d.cpu().tolist(), expected=expected.tolist(),
+                replayed=torchtpu.metrics().get("regions_replayed", 0))
+
+
 def _dtensor(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -335,11 +377,13 @@ def _worker(sections):
 
     dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = dict(rank=rank)
+    out = dict(rank=rank, mode=torchtpu.get_eager_mode())
     for name, fn in sections:
         t0 = time.perf_counter()
+        torchtpu.reset_metrics()
         out[name] = _run_section(fn, rank, world)
         out[name]["seconds"] = time.perf_counter() - t0
+        out[name]["fused_collectives"] = torchtpu.metrics().get("regions_with_collectives", 0)
     print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
 
@@ -348,5 +392,7 @@ if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "main":
         _worker((("fsdp", _fsdp), ("dtensor", _dtensor), ("tp", _tp)))
+    elif scenario == "asymmetric":
+        _worker((("asymmetric", _asymmetric),))
     else:
         raise SystemExit(f"unknown scenario {scenario}")

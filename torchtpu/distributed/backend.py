@@ -968,4 +968,7 @@ def create(backend_opts, pg_options=None):
     if _runtime["world"] is None:
         # the first group is the default (world) group: its ranks are the global ranks
         bring_up(backend_opts.store, rank, size, timeout)
+    from . import fused
+
+    fused.install()
     return TpuProcessGroup(rank, size, ranks, timeout, name=str(backend_opts.group_id), store=backend_opts.store)

@@ -71,7 +71,7 @@ class _Node:
 
 class _Graph:
     __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "fingerprint", "written",
-                 "fresh", "fresh_per_key", "churn")
+                 "fresh", "fresh_per_key", "churn", "collectives")
 
     def __init__(self):
         self.nodes: list[_Node] = []
@@ -84,6 +84,7 @@ class _Graph:
         self.fresh: set = set()  # op signatures never run in a fused region nor replayed
         self.fresh_per_key: dict = {}  # shape-free key -> fresh signatures of it in this region
         self.churn = False  # a region that will never repeat: replay it op by op
+        self.collectives = None  # the group context of the collectives recorded in it, if any
 
 
 _graph = _Graph()
@@ -202,13 +203,25 @@ def record(compiled, entries, dyn, low, make_output):
         return result
 
 
+def record_collective(compiled, entry, low, ctx):
+    """Record a functional collective over group context `ctx`; the region then runs as
+    one SPMD program over that group's mesh (a region holds one group's collectives)."""
+    from .executor import _make_output
+
+    with _lock:
+        if _graph.collectives is not None and _graph.collectives is not ctx:
+            flush("collective_group")
+        _graph.collectives = ctx
+        return record(compiled, [entry], [], low, _make_output)[0]
+
+
 def _note(e: BaseException, node) -> None:
     origin = node.origin
     where = f"{origin[0]}:{origin[1]} in {origin[2]}" if origin else "(no user frame: backward)"
     e.add_note(f"torchtpu: raised by deferred op {node.name}, issued at {where}")
 
 
-def _make_fused(nodes, out_refs, codes, donate):
+def _make_fused(nodes, out_refs, codes, donate, group=None):
     programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
 
     def fused(donated, kept, packed, rngs):
@@ -237,6 +250,10 @@ def _make_fused(nodes, out_refs, codes, donate):
                 vals[(j, ("u", s))] = b
         return tuple(vals[r] for r in out_refs)
 
+    if group is not None:
+        from ..compile import collectives
+
+        return collectives.spmd(fused, group, bool(donate))
     return jax.jit(fused, donate_argnums=(0,) if donate else ())
 
 
@@ -307,14 +324,19 @@ def flush(reason: str) -> None:
         fn = _fused_cache.get(fkey)
         replay = fn is None and g.churn
         try:
+            if g.collectives is not None and not replay:
+                from ..distributed import fused as _dist_fused
+
+                replay = not _dist_fused.agree(g.collectives, fkey, g.nodes)
             if replay:
                 results = _replay(g, inputs, out_refs)
                 metrics.bump("regions_replayed")
-                # every op that brought a new shape into a storm is suspect from now on
-                _churning.update(g.fresh_per_key)
+                if g.churn:
+                    # every op that brought a new shape into a storm is suspect from now on
+                    _churning.update(g.fresh_per_key)
             else:
                 if fn is None:
-                    fn = _make_fused(g.nodes, out_refs, codes, donate)
+                    fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives)
                     _fused_cache[fkey] = fn
                     metrics.bump("compiles")
                     metrics.bump("region_compiles")
@@ -323,7 +345,13 @@ def flush(reason: str) -> None:
                 donated = [inputs[i] for i in donate]
                 for i in donate:
                     inputs[i] = None
-                results = fn(donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
+                args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
+                if g.collectives is not None:
+                    results = _dist_fused.run_region(g.collectives, g.nodes, fn, args)
+                    metrics.bump("regions_with_collectives")
+                else:
+                    results = fn(*args)
+                del args
                 del donated
                 metrics.bump("executions")
                 _fused_sigs.update(g.fresh)

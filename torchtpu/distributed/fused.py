@@ -1,0 +1,257 @@
+"""Functional collectives inside defer_and_fuse regions.
+
+DTensor, FSDP2 and `torch.distributed._functional_collectives` issue
+`_c10d_functional` ops. In strict and debug mode they run as PyTorch's own
+implementation does, through the process group (one program per collective).
+In defer_and_fuse mode a collective on a tpu tensor of a torchtpu group is
+recorded like any op: the region that holds it compiles to one SPMD program
+over the group's mesh (as a compiled graph's collectives do), so the collective
+is fused with the compute around it instead of cutting the region in two.
+
+Every rank must run a program with the same collectives. A region's boundaries
+follow host reads, which can differ between ranks (`if rank == 0:
+print(loss.item())` mid-step), so before a region with collectives runs, each
+rank posts a digest of its collectives to the group's store and compares it
+with its peers' (as every eager collective does). Ranks that cut different
+regions all see it at once and fall back together: that region is replayed op
+by op and later collectives run on their own, each checked as in strict mode;
+never a hang or wrong data. `TORCHTPU_DEFER_COLLECTIVES=0` keeps collectives
+out of regions from the start.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+from ..compile import collectives as ccoll
+from ..eager import executor, modes, scalars
+from ..runtime import geometry, storage, tensors, transfer
+from ..runtime.jaxenv import to_jax_dtype
+
+funcol = torch.ops._c10d_functional
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_state = {"enabled": os.environ.get("TORCHTPU_DEFER_COLLECTIVES", "1") != "0"}
+
+
+def _same(x, *static):
+    return tuple(x)
+
+
+def _gathered(x, group_size, group_name):
+    return (group_size * x[0],) + tuple(x[1:]) if x else (group_size,)
+
+
+def _scattered(x, reduce_op, group_size, group_name):
+    return (x[0] // group_size,) + tuple(x[1:])
+
+
+# op -> (its output shape from the input's, static arguments are the rest but the group)
+_OPS = {
+    funcol.all_reduce.default: _same,
+    funcol.all_gather_into_tensor.default: _gathered,
+    funcol.reduce_scatter_tensor.default: _scattered,
+    funcol.all_to_all_single.default: _same,
+    funcol.broadcast.default: _same,
+}
+
+
+class _Op:
+    """What the deferred recorder reads of an op (a Lowering's name, mode, randomness)."""
+
+    __slots__ = ("name", "mode", "random")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.mode = "functional"
+        self.random = False
+
+
+class _Collective:
+    """One collective signature as a region node: its program on this rank's block, its
+    output's shape, and a standalone SPMD executable for op-by-op replay."""
+
+    def __init__(self, key, op, ctx, static, shape, stride, offset, dtype: torch.dtype, out_shape):
+        self.key = key
+        self.ctx = ctx
+        self.outs = [(out_shape, dtype)]
+        self.updated = ()
+        self.ran = False  # its standalone executable ran (replay counts compiles by it)
+        lower = ccoll.LOWERINGS[op]
+        jdt = to_jax_dtype(dtype)
+
+        def program(bufs, scalars_, rngdata):
+            x = geometry.read(bufs[0], shape, stride, offset, jdt)
+            return [lower(ctx, x, *static).reshape(-1)], {}
+
+        self.program = program
+
+        def fn(bufs, packed, rngdata):
+            # op by op (a replayed region): the collective as strict mode runs it, through
+            # the process group, checked against the peers and watched like any
+            x = geometry.read(bufs[0], shape, stride, offset, jdt).reshape(-1)
+            with modes.mode("strict"):
+                out = funcol.wait_tensor(op.redispatch(_CPU, tensors.empty(shape, dtype, x), *static))
+                return [transfer.buffer(storage.lookup(out))], {}
+
+        fn.codes = scalars.layout([])
+        self.fn = fn
+
+    def shape_free_key(self):
+        return self.key[:2]
+
+
+_nodes: dict = {}
+_ops: dict = {}
+_contexts: dict = {}
+
+
+def _context(pg):
+    ctx = _contexts.get(id(pg))
+    if ctx is None or ctx.group is not pg:
+        ctx = _contexts[id(pg)] = ccoll.Context(pg)
+    return ctx
+
+
+def _even_splits(op, args) -> bool:
+    if op is not funcol.all_to_all_single.default:
+        return True
+    out_splits, in_splits = args[1], args[2]
+    return len(set(out_splits or ())) <= 1 and len(set(in_splits or ())) <= 1
+
+
+def _kernel(op):
+    out_shape_of = _OPS[op]
+    name = f"_c10d_functional.{op._opname}"
+
+    def kernel(*args):
+        x = args[0]
+        pg = None
+        if _state["enabled"] and modes._state["mode"] == "defer_and_fuse" and x.device.type == "tpu":
+            pg = ccoll.tpu_group(args[-1])
+        if pg is None or pg.size() == 1 or not _even_splits(op, args):
+            # PyTorch's own implementation: the process group's collective (it flushes
+            # the region first), with its work registered for wait_tensor
+            return op.redispatch(_CPU, *args)
+        from ..eager import deferred
+
+        entry = storage.lookup(x)
+        static = tuple(tuple(a) if isinstance(a, list) else a for a in args[1:])
+        shape, stride, offset = tuple(x.shape), tuple(x.stride()), x.storage_offset()
+        key = (name, static[:-1], shape, stride, offset, entry.numel, str(entry.dtype), x.dtype)
+        ctx = _context(pg)
+        node = _nodes.get((key, id(ctx)))
+        if node is None:
+            node = _nodes[(key, id(ctx))] = _Collective(
+                key, op, ctx, static, shape, stride, offset, x.dtype, out_shape_of(shape, *static))
+        return deferred.record_collective(node, entry, _ops.setdefault(name, _Op(name)), ctx)
+
+    return kernel
+
+
+_lib = None
+
+
+def install() -> None:
+    """Register the tpu kernels of the functional collectives (once, with the first group)."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("_c10d_functional", "IMPL")
+    for op in _OPS:
+        _lib.impl(op._opname, _kernel(op), "PrivateUse1")
+
+
+# ---- running a region that holds collectives ------------------------------------------------
+
+_digests: dict = {}
+
+
+def _digest(fkey, nodes) -> str:
+    """What every rank's region must agree on: its collectives (op, reduction, shapes,
+    dtypes) in order, and its length. The rest of the program may differ between ranks
+    (each reads its own shard of a view at its own offset)."""
+    d = _digests.get(fkey)
+    if d is None:
+        text = repr((len(nodes), [(n.compiled.key, n.refs) for n in nodes if isinstance(n.compiled, _Collective)]))
+        d = _digests[fkey] = hashlib.sha1(text.encode()).hexdigest()[:16]
+    return d
+
+
+def _what(nodes) -> str:
+    colls = [n for n in nodes if isinstance(n.compiled, _Collective)]
+    return (f"a fused region of {len(nodes)} ops with "
+            + ", ".join(f"{n.name.split('.')[-1]}({', '.join(map(str, n.compiled.key[1]))}) on "
+                        f"{n.compiled.key[2]}:{str(n.compiled.outs[0][1]).removeprefix('torch.')}" for n in colls))
+
+
+def agree(ctx, fkey, nodes) -> bool:
+    """Whether every rank of the group fused this region around the same collectives.
+
+    Each rank posts its region's digest to the store under the group's next collective
+    number and waits for its peers'. On a difference (a rank cut its region at a host read
+    the others did not make) every rank learns it at once and falls back to the same
+    thing: this region is replayed op by op and later collectives run on their own, each
+    checked as in strict mode. A peer that never posts ends in the process-group timeout."""
+    from . import backend
+
+    pg = ctx.group
+    store = pg._store
+    if store is None:  # TORCHTPU_DIST_CHECK=0
+        return True
+    wd = backend._watchdog()
+    wd.check()
+    me = pg._rank
+    pg._cseq += 1
+    seq = pg._cseq
+    what = _what(nodes)
+    mine = json.dumps(dict(prog=f"REGION {_digest(fkey, nodes)}", what=what))
+    others = [r for r in range(pg._size) if r != me]
+    peers = [pg._sig_key(seq, r) for r in others]
+    desc = f"{what} (rank {me} of {pg._size}, collective #{seq})"
+    wd.dispatching = (desc, time.monotonic(), pg._timeout, lambda: pg._peer_report(seq))
+    try:
+        store.set(pg._sig_key(seq, me), mine)
+        if seq > 2:
+            store.delete_key(pg._sig_key(seq - 2, me))  # every peer has read it (it posted seq - 1)
+        store.wait(peers, datetime.timedelta(seconds=pg._timeout))
+        sigs = {r: json.loads(v) for r, v in zip(others, store.multi_get(peers))}
+    except Exception as e:  # noqa: BLE001
+        msg = (f"torchtpu.distributed: {desc}: the peers did not post their next collective within the "
+               f"process-group timeout ({e}); a peer probably died or hangs")
+        wd._fail(msg)  # ends the process unless TORCHTPU_DIST_ABORT=0
+        raise backend.TpuDistError(msg) from e
+    finally:
+        wd.dispatching = None
+    if all(v["prog"] == f"REGION {_digest(fkey, nodes)}" for v in sigs.values()):
+        return True
+    _state["enabled"] = False
+    lines = "; ".join(f"rank {r} {v['what']}" for r, v in sorted({me: dict(what=what), **sigs}.items()))
+    sys.stderr.write(
+        f"torchtpu: defer_and_fuse: the ranks of group {pg.getGroupName()!r} fused different regions around "
+        f"their collectives (#{seq}: {lines}), since one rank read a value on the host where the others did "
+        f"not. This region runs op by op, and collectives now run on their own, as in strict mode.\n")
+    return False
+
+
+def run_region(ctx, nodes, fn, args):
+    """Launch a fused region with collectives and hand its outputs to the distributed
+    watchdog (a peer that dies mid-program ends in a timeout error, not a hang)."""
+    from . import backend
+
+    pg = ctx.group
+    wd = backend._watchdog()
+    pg._seq += 1
+    desc = f"{_what(nodes)} (rank {pg._rank} of {pg._size}, seq {pg._seq})"
+    wd.dispatching = (desc, time.monotonic(), pg._timeout, None)
+    try:
+        results = fn(*args)
+    finally:
+        wd.dispatching = None
+    wd.add(desc, list(results), pg._timeout)
+    return results
