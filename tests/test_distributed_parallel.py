@@ -103,6 +103,29 @@ def test_tensor_parallel_matches_single_process_cpu(job):
     _assert_collectives_fused(job, res)
 
 
+@pytest.fixture(scope="module")
+def compiled_job():
+    return _launch("compiled")
+
+
+def test_compiled_fsdp2_matches_single_process_cpu(compiled_job):
+    # torch.compile of the FSDP2 model: Dynamo leaves FSDP's hooks (its all-gathers and
+    # reduce-scatters) to run eagerly around the compiled blocks
+    res = _section(compiled_job, "fsdp")
+    _assert_matches_reference(res)
+    for r in res:
+        assert r["graphs"] > 0 and r["resharded"], r
+
+
+def test_compiled_tensor_parallel_matches_single_process_cpu(compiled_job):
+    # torch.compile of the tensor-parallel model: DTensor's collectives are traced into the
+    # graphs, which run as SPMD programs with the collectives inside
+    res = _section(compiled_job, "tp")
+    _assert_matches_reference(res)
+    for r in res:
+        assert r["in_graph"] > 0, r
+
+
 def test_ranks_that_fuse_different_regions_fall_back_together():
     # defer_and_fuse: rank 0 reads a value on the host between two all-reduces, rank 1 does
     # not, so their regions around the collectives differ; both must notice, replay, and agree
@@ -179,13 +202,14 @@ def _max_rel(params: dict, ref: dict) -> float:
     return max(((params[k] - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-12)).item() for k in ref)
 
 
-def _train(model, data, rank: int, world: int, shard_batch: bool, foreach=None) -> list[float]:
+def _train(model, data, rank: int, world: int, shard_batch: bool, foreach=None, compiled=False) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    forward = torch.compile(model, backend="tpu") if compiled else model
     losses = []
     for batch in data:
         if shard_batch:
             batch = batch[rank * B:(rank + 1) * B]
-        loss = _loss_of(model, batch.to("tpu"))
+        loss = _loss_of(forward, batch.to("tpu"))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -193,7 +217,7 @@ def _train(model, data, rank: int, world: int, shard_batch: bool, foreach=None) 
     return torch.stack(losses).cpu().tolist()
 
 
-def _fsdp(rank: int, world: int) -> dict:
+def _fsdp(rank: int, world: int, compiled: bool = False) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
@@ -221,7 +245,7 @@ def _fsdp(rank: int, world: int) -> dict:
     torchtpu.reset_metrics()
     torch.UntypedStorage.resize_ = spy
     try:
-        losses = _train(model, data, rank, world, shard_batch=True)
+        losses = _train(model, data, rank, world, shard_batch=True, compiled=compiled)
     finally:
         torch.UntypedStorage.resize_ = orig
     fallbacks = torchtpu.metrics()["fallback_ops"]
@@ -326,7 +350,7 @@ def _dtensor(rank: int, world: int) -> dict:
     return dict(checks=res, fallbacks=torchtpu.metrics()["fallback_ops"])
 
 
-def _tp(rank: int, world: int) -> dict:
+def _tp(rank: int, world: int, compiled: bool = False) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -355,7 +379,7 @@ def _tp(rank: int, world: int) -> dict:
     torchtpu.reset_metrics()
     # every rank sees the whole batch; the optimizer's foreach kernels refuse a mix of DTensor
     # (sharded) and plain (replicated: embeddings, norms, head) parameters, as on any device
-    losses = _train(model, data, rank, world, shard_batch=False, foreach=False)
+    losses = _train(model, data, rank, world, shard_batch=False, foreach=False, compiled=compiled)
     fallbacks = torchtpu.metrics()["fallback_ops"]
     sharded = sorted(k for k, p in model.named_parameters() if isinstance(p, DTensor) and p.placements[0].is_shard())
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
@@ -383,7 +407,10 @@ def _worker(sections):
         torchtpu.reset_metrics()
         out[name] = _run_section(fn, rank, world)
         out[name]["seconds"] = time.perf_counter() - t0
-        out[name]["fused_collectives"] = torchtpu.metrics().get("regions_with_collectives", 0)
+        m = torchtpu.metrics()
+        out[name]["fused_collectives"] = m.get("regions_with_collectives", 0)
+        out[name]["in_graph"] = m.get("in_graph_collective_graphs", 0)
+        out[name]["graphs"] = m.get("compile_graphs", 0)
     print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
 
@@ -392,6 +419,8 @@ if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "main":
         _worker((("fsdp", _fsdp), ("dtensor", _dtensor), ("tp", _tp)))
+    elif scenario == "compiled":
+        _worker((("fsdp", lambda r, w: _fsdp(r, w, compiled=True)), ("tp", lambda r, w: _tp(r, w, compiled=True))))
     elif scenario == "asymmetric":
         _worker((("asymmetric", _asymmetric),))
     else:

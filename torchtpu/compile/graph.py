@@ -121,7 +121,7 @@ class Program:
         else:
             skip = ()
         for node in self.nodes:
-            if node in skip:
+            if node in skip and node.op != "placeholder":  # a SymInt input feeds both parts
                 continue
             if node.op == "placeholder":
                 env[node] = inputs[index[node]]

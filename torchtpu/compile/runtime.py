@@ -74,6 +74,12 @@ def _signature(args, skip=frozenset()):
             sig.append(("number", a))
             bufs.append(None)
             entries.append(None)
+        elif isinstance(a, torch.ScriptObject) or type(a).__module__.startswith("torch.distributed"):
+            # an opaque handle aot_autograd threads through the graph (a DeviceMesh or a
+            # process group under DTensor): the program's collectives name their group
+            sig.append(("opaque", type(a).__name__))
+            bufs.append(None)
+            entries.append(None)
         else:
             raise TypeError(f"torchtpu compile: unsupported graph input of type {type(a).__name__}")
     return tuple(sig), bufs, entries
@@ -102,6 +108,10 @@ class CompiledGraph:
         self.reuse: dict[int, tuple[str, int]] = {}
         first: dict = {}
         for pos, (n, val) in enumerate(zip(self.out_nodes, self.out_vals)):
+            if n is not None and n.op == "placeholder" and not isinstance(val, torch.Tensor):
+                # an opaque input (a DeviceMesh) or a SymInt saved for backward: itself
+                self.reuse[pos] = ("input", placeholders.index(n))
+                continue
             if n is None or not isinstance(val, torch.Tensor):
                 continue
             if n in first:
@@ -146,7 +156,7 @@ class CompiledGraph:
                     inputs.append(s[1])
                 else:
                     inputs.append(None)
-            outs, mutated = program(inputs, rngdata, _unpack_host(host_values, sig[-1]) if host_values else ())
+            outs, mutated = program(inputs, rngdata, _unpack_host(host_values, sig[-1]) if program.host is not None else ())
             outs = [None if i in reuse else o for i, o in enumerate(outs)]
             # the new contents of each mutated input's storage
             written = {}
@@ -279,12 +289,11 @@ def _view_of_input(node, written):
 
 
 def _pack_host(values) -> tuple:
-    """The host part's values for the program as one array per dtype plus the Python
-    numbers, and their layout: an optimizer step hands over two values per parameter,
+    """The host part's values for the program as one array per dtype, and their layout
+    (Python numbers in it, static): an optimizer step hands over two values per parameter,
     and one argument each cost more to convert and to dispatch than the work they carry."""
     groups: dict = {}
     layout = []
-    numbers = []
     for v in values:
         if isinstance(v, torch.Tensor):
             g = groups.get(v.dtype)
@@ -295,26 +304,26 @@ def _pack_host(values) -> tuple:
             g[2] += v.numel()
             g[3] = g[3] and v.dim() == 0
         else:
-            layout.append(("n", len(numbers), type(v)))
-            numbers.append(v)
+            # a Python number (a SymInt the host part computed: a batch size a view needs)
+            # is static, as a number graph input is: one program per value
+            layout.append(("n", v))
     arrays = tuple(
         # .item() of a 0-d tensor is exact for every dtype (a float32 is a Python float)
         np.array([t.item() for t in ts], dtype=TORCH_TO_JAX[ts[0].dtype]) if scalars
         else torch_to_numpy(torch.cat([t.reshape(-1) for t in ts]))
         for _, ts, _, scalars in groups.values()
     )
-    return (arrays, tuple(numbers)), tuple(layout)
+    return arrays, tuple(layout)
 
 
-def _unpack_host(packed, layout) -> list:
-    arrays, numbers = packed
+def _unpack_host(arrays, layout) -> list:
     out = []
     for item in layout:
         if item[0] == "t":
             _, g, off, shape, _ = item
             out.append(arrays[g][off:off + math.prod(shape)].reshape(shape))
         else:
-            out.append(numbers[item[1]])
+            out.append(item[1])
     return out
 
 
