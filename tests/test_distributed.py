@@ -70,9 +70,10 @@ CFG = dict(vocab=64, d=32, layers=1, heads=2, max_len=32)
 B, T, STEPS = 4, 16, 5
 
 
-@pytest.fixture(scope="module")
-def job():
-    return _launch("main")
+@pytest.fixture(scope="module", params=["strict", "defer_and_fuse"])
+def job(request):
+    # defer_and_fuse: the collectives (DDP's bucket all-reduces too) join the fused regions
+    return _launch("main", env_extra={"TORCHTPU_EAGER_MODE": request.param})
 
 
 def test_collectives_two_processes(job):
@@ -96,6 +97,9 @@ def test_ddp_matches_single_process_cpu(job):
         assert abs(a - b) <= 1e-4 * abs(b), (ddp, ref)
     for r in res:
         assert r["param_max_rel"] < 1e-4, r["param_max_rel"]
+        # in defer_and_fuse a step is one SPMD program: forward, backward, the bucket
+        # all-reduce and the optimizer
+        assert (r["ddp_fused"] > 0) == (r["mode"] == "defer_and_fuse"), r["ddp_fused"]
 
 
 def test_dead_rank_fails_fast_naming_the_collective():
@@ -430,6 +434,7 @@ def _ddp(rank: int, world: int) -> dict:
         losses.append(loss.detach())
     losses = torch.stack(losses).cpu().tolist()
     fallbacks = torchtpu.metrics()["fallback_ops"]
+    fused = torchtpu.metrics().get("regions_with_collectives", 0)
 
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     ref_losses = []
@@ -443,7 +448,8 @@ def _ddp(rank: int, world: int) -> dict:
         ((p.detach().cpu() - q.detach()).abs().max() / q.detach().abs().max().clamp_min(1e-12)).item()
         for p, q in zip(model.parameters(), ref.parameters())
     )
-    return dict(ddp_losses=losses, ref_losses=ref_losses, param_max_rel=rel, ddp_fallbacks=fallbacks)
+    return dict(ddp_losses=losses, ref_losses=ref_losses, param_max_rel=rel, ddp_fallbacks=fallbacks,
+                ddp_fused=fused, mode=torchtpu.get_eager_mode())
 
 
 def _worker_main():

@@ -19,6 +19,9 @@ per process:
      own executable, between compiled pieces) and "in_graph" (the collectives are
      part of the compiled program). Their first (warm-up) steps' losses are checked
      against the eager DDP run's: same init, same data, same losses.
+  5. (in strict mode) 2 processes, the eager DDP of (2) in defer_and_fuse: DDP's bucket
+     all-reduce is recorded into the step's region, so forward, backward, all-reduce and
+     AdamW run as one SPMD program; compared with (2).
 Each process is launched as torchrun would (env://, RANK/WORLD_SIZE/MASTER_ADDR/PORT)
 on XLA:CPU unless a TPU/GPU is present. ms/step is the median over timing blocks,
 after warm-up; losses are read back once at the end.
@@ -71,6 +74,7 @@ def _worker(argv) -> int:
     p.add_argument("--batch", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--mode")
+    p.add_argument("--no-nosync", action="store_true")
     a = p.parse_args(argv)
 
     import contextlib
@@ -119,7 +123,7 @@ def _worker(argv) -> int:
     batches = [(x[:, :-1].to("tpu"), x[:, 1:].to("tpu")) for x in data]
     losses = []
     variants = {"sync": contextlib.nullcontext}
-    if a.kind == "ddp":
+    if a.kind == "ddp" and not a.no_nosync:
         variants["nosync"] = model.no_sync  # same step, no gradient communication
 
     def step(i, ctx):
@@ -155,7 +159,8 @@ def _worker(argv) -> int:
     final = torch.stack(losses).cpu().tolist()
     ms = {k: statistics.median(v) for k, v in blocks.items()}
     m = torchtpu.metrics()
-    counts = {k: m.get(k, 0) for k in ("in_graph_collective_graphs", "skinny_graphs", "cpu_fallbacks")}
+    counts = {k: m.get(k, 0) for k in ("in_graph_collective_graphs", "skinny_graphs", "cpu_fallbacks",
+                                       "regions_with_collectives", "regions_replayed")}
     print("RESULT " + json.dumps(dict(rank=rank, world=world, ms=ms, blocks=blocks, warmup_s=warm_s,
                                       init_s=init_s, last_loss=final[-1], warm_losses=final[:a.warmup],
                                       collectives=os.environ.get("TORCHTPU_COLLECTIVES", "in_graph"),
@@ -178,13 +183,13 @@ def main(argv=None) -> int:
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
               "--batch", str(args.batch), "--seq", str(args.seq), "--mode", args.mode]
     rows = []  # (configuration, procs, ms/step)
-    print(f"[1/4] 1 process, no DDP (baseline): warm-up {args.warmup} steps, then {args.steps} timed ...", flush=True)
+    print(f"[1/5] 1 process, no DDP (baseline): warm-up {args.warmup} steps, then {args.steps} timed ...", flush=True)
     t0 = time.perf_counter()
     (one,) = _launch(1, ["--kind", "single", *common])
     rows.append(("1 process (baseline)", 1, one["ms"]["sync"]))
     print(f"      {one['ms']['sync']:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up and compiles)",
           flush=True)
-    print("[2/4] 2 processes, DDP, blocks with and without gradient all-reduce interleaved ...", flush=True)
+    print("[2/5] 2 processes, DDP, blocks with and without gradient all-reduce interleaved ...", flush=True)
     t0 = time.perf_counter()
     two = _launch(2, ["--kind", "ddp", *common])
     # a data-parallel step ends when its slowest rank does
@@ -199,7 +204,7 @@ def main(argv=None) -> int:
     # each, so that load drifting during the run hits both alike (median of the launches)
     for k in range(args.launches):
         for i, mode in enumerate(("skinny", "in_graph")):
-            print(f"[{3 + i}/4] 2 processes, {names[mode]} (TORCHTPU_COLLECTIVES={mode}), "
+            print(f"[{3 + i}/5] 2 processes, {names[mode]} (TORCHTPU_COLLECTIVES={mode}), "
                   f"launch {k + 1}/{args.launches} ...", flush=True)
             t0 = time.perf_counter()
             # the collective-matching pre-check (c10d store) runs for each collective launched
@@ -213,6 +218,14 @@ def main(argv=None) -> int:
                   f"compiles; warm-up {max(r['warmup_s'] for r in res):.1f} s)", flush=True)
     for mode in ("skinny", "in_graph"):
         rows.append((names[mode], 2, statistics.median(runs[mode])))
+    fused = None
+    if args.mode == "strict":
+        print("[5/5] 2 processes, DDP in defer_and_fuse: the bucket all-reduce inside the step's one "
+              "SPMD program ...", flush=True)
+        t0 = time.perf_counter()
+        fused = _launch(2, ["--kind", "ddp", *common[:-1], "defer_and_fuse", "--no-nosync"])
+        rows.append(("DDP defer_and_fuse, fused collectives", 2, max(r["ms"]["sync"] for r in fused)))
+        print(f"      {rows[-1][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up)", flush=True)
 
     base = rows[0][2]
     skinny_ms = rows[3][2]
@@ -225,13 +238,15 @@ def main(argv=None) -> int:
     print("-" * len(hdr))
     for name, world, ms in rows:
         vs = f"{skinny_ms / ms:>10.2f}x" if name.endswith("in-graph collectives") else ""
+        if name.endswith("fused collectives"):
+            vs = f"{rows[1][2] / ms:>10.2f}x"  # against the same eager DDP with skinny collectives
         print(f"{name:<36}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}{vs}")
     ddp, nosync = rows[1][2], rows[2][2]
     print(f"compiled rows, ms/step per launch in the order run: skinny {[round(v, 1) for v in runs['skinny']]}, "
           f"in-graph {[round(v, 1) for v in runs['in_graph']]}")
     print()
     print("vs 1 proc: ms/step over the baseline's; vs skinny: compiled-skinny ms/step over this row's "
-          "(> 1: in-graph is faster). Compiled rows: DDP python reducer (one all-reduce per parameter, fused into buckets by the compiler), "
+          "(> 1: in-graph is faster), and for the defer_and_fuse row eager DDP skinny's over its. Compiled rows: DDP python reducer (one all-reduce per parameter, fused into buckets by the compiler), "
           "backward under compiled autograd, optimizer eager, TORCHTPU_DIST_CHECK=0")
     print(f"gradient all-reduce cost (skinny collectives, DDP buckets): {ddp - nosync:.1f} ms/step "
           f"({(ddp - nosync) / ddp * 100:.0f}% of the DDP step)")
@@ -249,6 +264,17 @@ def main(argv=None) -> int:
               f"{worst:.1e} ({'match' if good else 'MISMATCH'}); graphs with in-graph collectives "
               f"{m['in_graph_collective_graphs']}, cut at collectives (skinny) {m['skinny_graphs']}, "
               f"cpu fallbacks {m['cpu_fallbacks']}")
+    if fused is not None:
+        worst = 0.0
+        for r, e in zip(sorted(fused, key=lambda r: r["rank"]), sorted(two, key=lambda r: r["rank"])):
+            for a_, b_ in zip(r["warm_losses"], e["warm_losses"]):
+                worst = max(worst, abs(a_ - b_) / max(abs(b_), 1e-12))
+        good = worst <= 1e-4
+        ok &= good
+        m = fused[0]["metrics"]
+        print(f"DDP defer_and_fuse: first {args.warmup} losses vs eager DDP, every rank: max rel diff {worst:.1e} "
+              f"({'match' if good else 'MISMATCH'}); regions with collectives {m['regions_with_collectives']}, "
+              f"regions replayed {m['regions_replayed']}, cpu fallbacks {m['cpu_fallbacks']}")
     return 0 if ok else 1
 
 

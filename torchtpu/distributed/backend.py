@@ -56,6 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from torch._C._distributed_c10d import _create_work_from_future
 
 from ..runtime import jaxenv, storage, tensors, transfer
+from . import fused
 
 ReduceOp = dist.ReduceOp
 _AXIS = "r"
@@ -568,6 +569,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     def _run(self, name: str, key, make_body, flats, ts, mesh=None, sharding=None, width=None):
         """Run a collective program on this rank's flat blocks; returns this rank's out blocks."""
         _watchdog().check()
+        from ..eager import deferred
+
+        deferred.flush_collectives("collective")
         if self._p2p and mesh is None:
             self._flush_p2p()  # queued point-to-point messages go first, in program order
         self._seq += 1
@@ -703,7 +707,11 @@ class TpuProcessGroup(dist.ProcessGroup):
             for dt, grp in groups.items():
                 kind = _reduce_kind(op, jaxenv.to_jax_dtype(dt))
                 w = self._size
-                outs = self._run("ALLREDUCE", ("allreduce", kind, len(grp)), lambda: _body_allreduce(kind, w),
+                key = ("allreduce", kind, len(grp))
+                if fused.recording(self) and fused.record_written(
+                        self, "ALLREDUCE", key, lambda: _body_allreduce(kind, w), grp, grp):
+                    continue  # in the defer_and_fuse region (DDP's bucket all-reduce)
+                outs = self._run("ALLREDUCE", key, lambda: _body_allreduce(kind, w),
                                  [_flat_in(t) for t in grp], grp)
                 for t, o in zip(grp, outs):
                     _store(t, o)
@@ -728,6 +736,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         ts = [t for t in tensors if t.numel()]
         if ts:
             w = self._size
+            if fused.recording(self) and fused.record_written(
+                    self, "BROADCAST", ("broadcast", src, len(ts)), lambda: _body_broadcast(src, w), ts, ts):
+                return self._work(list(tensors))
             outs = self._run("BROADCAST", ("broadcast", src, len(ts)), lambda: _body_broadcast(src, w),
                              [_flat_in(t) for t in ts], ts)
             if self._rank != src:
@@ -757,6 +768,9 @@ class TpuProcessGroup(dist.ProcessGroup):
                 f"expected {self._size} x {input.numel()}")
         if input.numel():
             w = self._size
+            if fused.recording(self) and fused.record_written(
+                    self, "ALLGATHER_BASE", ("allgather", 1), lambda: _body_allgather(w), [input], [output]):
+                return self._work([output])  # in the defer_and_fuse region (FSDP2's all-gather)
             (g,) = self._run("ALLGATHER_BASE", ("allgather", 1), lambda: _body_allgather(w), [_flat_in(input)],
                              [input])
             _store(output, g)
@@ -795,7 +809,12 @@ class TpuProcessGroup(dist.ProcessGroup):
                 f"torchtpu.distributed: reduce_scatter_tensor: input has {input.numel()} elements, "
                 f"expected {self._size} x {output.numel()}")
         if output.numel():
-            self._reduce_scatter_flat("REDUCE_SCATTER_BASE", output, _flat_in(input), [input], op)
+            kind = _reduce_kind(op, jaxenv.to_jax_dtype(input.dtype))
+            w = self._size
+            if not (fused.recording(self) and fused.record_written(
+                    self, "REDUCE_SCATTER_BASE", ("reduce_scatter", kind, 1), lambda: _body_reduce_scatter(kind, w),
+                    [input], [output])):
+                self._reduce_scatter_flat("REDUCE_SCATTER_BASE", output, _flat_in(input), [input], op)
         return self._work([output])
 
     reduce_scatter_single = _reduce_scatter_base

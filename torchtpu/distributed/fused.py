@@ -1,12 +1,13 @@
-"""Functional collectives inside defer_and_fuse regions.
+"""Collectives inside defer_and_fuse regions.
 
-DTensor, FSDP2 and `torch.distributed._functional_collectives` issue
-`_c10d_functional` ops. In strict and debug mode they run as PyTorch's own
-implementation does, through the process group (one program per collective).
-In defer_and_fuse mode a collective on a tpu tensor of a torchtpu group is
-recorded like any op: the region that holds it compiles to one SPMD program
-over the group's mesh (as a compiled graph's collectives do), so the collective
-is fused with the compute around it instead of cutting the region in two.
+Two kinds reach us. DTensor and `torch.distributed._functional_collectives` issue
+`_c10d_functional` ops; DDP's reducer, FSDP2 and `dist.*` calls go through the
+process group's methods. In strict and debug mode both run on their own, one
+program per collective. In defer_and_fuse mode a collective on tpu tensors of a
+torchtpu group is recorded like any op: the region that holds it compiles to one
+SPMD program over the group's mesh (as a compiled graph's collectives do), so the
+collective is fused with the compute around it instead of cutting the region in
+two, and a DDP step (forward, backward, bucket all-reduce, optimizer) is one program.
 
 Every rank must run a program with the same collectives. A region's boundaries
 follow host reads, which can differ between ranks (`if rank == 0:
@@ -27,6 +28,7 @@ import os
 import sys
 import time
 
+import jax.numpy as jnp
 import torch
 
 from ..compile import collectives as ccoll
@@ -78,6 +80,7 @@ class _Collective:
 
     def __init__(self, key, op, ctx, static, shape, stride, offset, dtype: torch.dtype, out_shape):
         self.key = key
+        self.skeleton = (key[0], key[1], shape, str(dtype))  # what every rank must agree on
         self.ctx = ctx
         self.outs = [(out_shape, dtype)]
         self.updated = ()
@@ -104,6 +107,96 @@ class _Collective:
 
     def shape_free_key(self):
         return self.key[:2]
+
+    def describe(self) -> str:
+        return (f"{self.key[0].split('.')[-1]}({', '.join(map(str, self.key[1]))}) on "
+                f"{self.key[2]}:{str(self.outs[0][1]).removeprefix('torch.')}")
+
+
+class _Written(_Collective):
+    """A process group's collective (DDP's bucket all-reduce, FSDP2's all-gather and
+    reduce-scatter: `dist.*` calls, not functional ones) as a region node: it reads its
+    input tensors' views and writes its results into its output tensors' storages, the
+    program the eager path would run (same body, same name for the cross-rank check)."""
+
+    def __init__(self, key, pg, name, pkey, make_body, reads, writes, specs):
+        self.key = key
+        self.skeleton = (name, pkey, key[2])  # not the views' offsets: each rank has its own
+        self.outs = []
+        self.ran = False
+        self.updated = tuple(sorted({w[0] for w in writes}))
+        body = make_body()
+
+        def program(bufs, scalars_, rngdata):
+            flats = [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
+            outs = body(*flats)
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            new = {}
+            for (i, sh, st, off, dt), o in zip(writes, outs):
+                base = new.get(i, bufs[i])
+                if base is None:  # an output never written before (torch.empty)
+                    base = jnp.zeros(specs[i][0], specs[i][1])
+                new[i] = geometry.write(base, o.reshape(sh).astype(dt), sh, st, off)
+            return [], new
+
+        self.program = program
+
+        def fn(bufs, packed, rngdata):
+            # op by op: the eager collective itself, checked and watched
+            flats = [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
+            outs = pg._run(name, pkey, lambda: body, flats, [_Shape(r[1], r[4]) for r in reads])
+            new = {}
+            for (i, sh, st, off, dt), o in zip(writes, outs):
+                base = new.get(i, bufs[i])
+                if base is None:
+                    base = jnp.zeros(specs[i][0], specs[i][1])
+                new[i] = geometry.write(base, o.reshape(sh).astype(dt), sh, st, off)
+            return [], new
+
+        fn.codes = scalars.layout([])
+        self.fn = fn
+
+    def describe(self) -> str:
+        return f"{self.key[0]}{self.key[1]} on {self.key[2]}"
+
+
+_written_low = _Op("c10d.collective")
+_written_low.mode = "inplace"
+
+
+def recording(pg) -> bool:
+    """Whether a process-group collective of `pg` is recorded into the region."""
+    return (_state["enabled"] and modes._state["mode"] == "defer_and_fuse" and pg._size > 1
+            and not pg._p2p)
+
+
+def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
+    """Record `pg`'s collective `name` from `inputs` into `outputs` (tpu tensors) in the
+    region; False (nothing recorded) when a tensor is not a tpu tensor of the table."""
+    from ..eager import deferred
+
+    tensors_ = list(inputs) + list(outputs)
+    if not all(t.device.type == "tpu" and t.numel() for t in tensors_):
+        return False
+    entries, index, geo = [], {}, []
+    for t in tensors_:
+        e = storage._table.get(t.untyped_storage()._cdata)
+        if e is None:
+            return False
+        if id(e) not in index:
+            index[id(e)] = len(entries)
+            entries.append(e)
+        geo.append((index[id(e)], tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax_dtype(t.dtype)))
+    reads, writes = geo[:len(inputs)], geo[len(inputs):]
+    specs = [(e.numel, e.dtype) for e in entries]
+    key = (name, pkey, tuple((g[1], str(g[4])) for g in reads), tuple(geo), tuple(specs),
+           tuple(e.buf is not None for e in entries))
+    ctx = _context(pg)
+    node = _nodes.get((key, id(ctx)))
+    if node is None:
+        node = _nodes[(key, id(ctx))] = _Written(key, pg, name, pkey, make_body, reads, writes, specs)
+    deferred.record_collective(node, entries, _written_low, ctx)
+    return True
 
 
 _nodes: dict = {}
@@ -149,7 +242,7 @@ def _kernel(op):
         if node is None:
             node = _nodes[(key, id(ctx))] = _Collective(
                 key, op, ctx, static, shape, stride, offset, x.dtype, out_shape_of(shape, *static))
-        return deferred.record_collective(node, entry, _ops.setdefault(name, _Op(name)), ctx)
+        return deferred.record_collective(node, [entry], _ops.setdefault(name, _Op(name)), ctx)[0]
 
     return kernel
 
@@ -174,20 +267,28 @@ _digests: dict = {}
 
 def _digest(fkey, nodes) -> str:
     """What every rank's region must agree on: its collectives (op, reduction, shapes,
-    dtypes) in order, and its length. The rest of the program may differ between ranks
-    (each reads its own shard of a view at its own offset)."""
+    dtypes) in order. The rest of the program may differ between ranks (each reads its
+    own shard at its own offset; a scatter's source rank cuts the chunks it sends)."""
     d = _digests.get(fkey)
     if d is None:
-        text = repr((len(nodes), [(n.compiled.key, n.refs) for n in nodes if isinstance(n.compiled, _Collective)]))
+        text = repr([n.compiled.skeleton for n in nodes if isinstance(n.compiled, _Collective)])
         d = _digests[fkey] = hashlib.sha1(text.encode()).hexdigest()[:16]
     return d
 
 
 def _what(nodes) -> str:
     colls = [n for n in nodes if isinstance(n.compiled, _Collective)]
-    return (f"a fused region of {len(nodes)} ops with "
-            + ", ".join(f"{n.name.split('.')[-1]}({', '.join(map(str, n.compiled.key[1]))}) on "
-                        f"{n.compiled.key[2]}:{str(n.compiled.outs[0][1]).removeprefix('torch.')}" for n in colls))
+    return f"a fused region of {len(nodes)} ops with " + ", ".join(n.compiled.describe() for n in colls)
+
+
+class _Shape:
+    """What a collective's check message says of a tensor."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape = shape
+        self.dtype = dtype
 
 
 def agree(ctx, fkey, nodes) -> bool:

@@ -198,21 +198,30 @@ def record(compiled, entries, dyn, low, make_output):
                 k += 1
         if len(g.nodes) >= MAX_OPS:
             flush("size_cap")
-        elif g.churn and len(g.fresh) >= CHURN:
+        elif g.churn and len(g.fresh) >= CHURN and g.collectives is None:
+            # (not with collectives: a rank's fresh signatures can differ from its peers',
+            # and every rank must cut the same region)
             flush("compile_storm")
         return result
 
 
-def record_collective(compiled, entry, low, ctx):
-    """Record a functional collective over group context `ctx`; the region then runs as
-    one SPMD program over that group's mesh (a region holds one group's collectives)."""
+def record_collective(compiled, entries, low, ctx):
+    """Record a collective over group context `ctx`; the region then runs as one SPMD
+    program over that group's mesh (a region holds one group's collectives)."""
     from .executor import _make_output
 
     with _lock:
         if _graph.collectives is not None and _graph.collectives is not ctx:
             flush("collective_group")
         _graph.collectives = ctx
-        return record(compiled, [entry], [], low, _make_output)[0]
+        return record(compiled, entries, [], low, _make_output)
+
+
+def flush_collectives(reason: str) -> None:
+    """Materialize the region if it holds collectives: a collective issued on its own must
+    not overtake one recorded earlier (a scatter's receivers touch no pending input)."""
+    if _graph.collectives is not None:
+        flush(reason)
 
 
 def _note(e: BaseException, node) -> None:
@@ -322,7 +331,9 @@ def flush(reason: str) -> None:
         donate = _donatable(inputs) if not g.churn else ()
         fkey = (tuple(g.fingerprint), out_refs, codes, donate)
         fn = _fused_cache.get(fkey)
-        replay = fn is None and g.churn
+        # a region with collectives is never replayed on one rank's own judgement (its fresh
+        # signatures can differ from a peer's): every rank fuses it, or all replay it together
+        replay = fn is None and g.churn and g.collectives is None
         try:
             if g.collectives is not None and not replay:
                 from ..distributed import fused as _dist_fused
