@@ -135,6 +135,7 @@ def test_ranks_that_fuse_different_regions_fall_back_together():
         assert "error" not in r, r["error"]
         assert r["value"] == r["expected"], r
         assert r["replayed"] >= 1, r
+        assert r["skinny_value"] == [v * 5 * 2 for v in range(4)] and r["skinny_fused"] == 0, r
     assert "fused different regions around their collectives" in job[0][2], multiproc.clean(job[0][2])[-3000:]
 
 
@@ -271,6 +272,11 @@ def _asymmetric(rank: int, world: int) -> dict:
     import torchtpu
 
     x = torch.arange(4.0)
+    # skinny collectives stay out of regions
+    torchtpu.set_collectives("skinny")
+    skinny_value = funcol.all_reduce(x.to("tpu") * 5, "sum", dist.group.WORLD).cpu().tolist()
+    skinny_fused = torchtpu.metrics().get("regions_with_collectives", 0)
+    torchtpu.set_collectives("in_graph")
     a = x.to("tpu") * 2
     b = funcol.all_reduce(a, "sum", dist.group.WORLD)
     if rank == 0:
@@ -278,8 +284,8 @@ def _asymmetric(rank: int, world: int) -> dict:
     c = funcol.all_reduce(b * 3, "sum", dist.group.WORLD)
     d = funcol.all_reduce(c + 1, "sum", dist.group.WORLD)  # after the fallback: on its own
     expected = ((x * 2 * world * 3 * world) + 1) * world
-    return dict(value=d.cpu().tolist(), expected=expected.tolist(),
-                replayed=torchtpu.metrics().get("regions_replayed", 0))
+    return dict(value=d.cpu().tolist(), expected=expected.tolist(), skinny_value=skinny_value,
+                skinny_fused=skinny_fused, replayed=torchtpu.metrics().get("regions_replayed", 0))
 
 
 def _dtensor(rank: int, world: int) -> dict:

@@ -19,9 +19,11 @@ per process:
      own executable, between compiled pieces) and "in_graph" (the collectives are
      part of the compiled program). Their first (warm-up) steps' losses are checked
      against the eager DDP run's: same init, same data, same losses.
-  5. (in strict mode) 2 processes, the eager DDP of (2) in defer_and_fuse: DDP's bucket
+  5. (in strict mode) 2 processes, the eager DDP of (2) in defer_and_fuse, run twice,
+     differing only by TORCHTPU_COLLECTIVES: "skinny" (each bucket all-reduce
+     materializes the region and runs as its own executable) and "in_graph" (the
      all-reduce is recorded into the step's region, so forward, backward, all-reduce and
-     AdamW run as one SPMD program; compared with (2).
+     AdamW run as one SPMD program), alternated `--launches` times.
 Each process is launched as torchrun would (env://, RANK/WORLD_SIZE/MASTER_ADDR/PORT)
 on XLA:CPU unless a TPU/GPU is present. ms/step is the median over timing blocks,
 after warm-up; losses are read back once at the end.
@@ -220,12 +222,22 @@ def main(argv=None) -> int:
         rows.append((names[mode], 2, statistics.median(runs[mode])))
     fused = None
     if args.mode == "strict":
-        print("[5/5] 2 processes, DDP in defer_and_fuse: the bucket all-reduce inside the step's one "
-              "SPMD program ...", flush=True)
-        t0 = time.perf_counter()
-        fused = _launch(2, ["--kind", "ddp", *common[:-1], "defer_and_fuse", "--no-nosync"])
-        rows.append(("DDP defer_and_fuse, fused collectives", 2, max(r["ms"]["sync"] for r in fused)))
-        print(f"      {rows[-1][2]:.1f} ms/step ({time.perf_counter() - t0:.0f} s incl. start-up)", flush=True)
+        # the same eager DDP in defer_and_fuse, collectives on their own (each bucket all-reduce
+        # materializes the region and runs as its own executable) or recorded into the region
+        # (the step is one SPMD program), alternated `--launches` times
+        druns: dict = {"skinny": [], "in_graph": []}
+        for k in range(args.launches):
+            for flag, what in (("skinny", "skinny collectives"), ("in_graph", "collectives fused into the step")):
+                print(f"[5/5] 2 processes, DDP in defer_and_fuse, {what} (TORCHTPU_COLLECTIVES={flag}), "
+                      f"launch {k + 1}/{args.launches} ...", flush=True)
+                res = _launch(2, ["--kind", "ddp", *common[:-1], "defer_and_fuse", "--no-nosync"],
+                              env_extra=dict(TORCHTPU_COLLECTIVES=flag))
+                druns[flag].append(max(r["ms"]["sync"] for r in res))
+                if flag == "in_graph":
+                    fused = res
+                print(f"      {druns[flag][-1]:.1f} ms/step", flush=True)
+        rows.append(("DDP defer_and_fuse, skinny collectives", 2, statistics.median(druns["skinny"])))
+        rows.append(("DDP defer_and_fuse, fused collectives", 2, statistics.median(druns["in_graph"])))
 
     base = rows[0][2]
     skinny_ms = rows[3][2]
@@ -233,20 +245,23 @@ def main(argv=None) -> int:
     print(f"DDP training step, small GPT (2 layers, d=128), batch {args.batch} x seq {args.seq} per process, "
           f"eager mode {args.mode}, XLA:CPU collectives over gloo where no TPU; ms/step = median of "
           f"{args.rounds} blocks of {max(args.steps // args.rounds, 1)} steps after {args.warmup} warm-up")
-    hdr = f"{'configuration':<36}{'procs':>6}{'ms/step':>10}{'vs 1 proc':>11}{'samples/s':>11}{'vs skinny':>11}"
+    hdr = f"{'configuration':<39}{'procs':>6}{'ms/step':>10}{'vs 1 proc':>11}{'samples/s':>11}{'vs skinny':>11}"
     print(hdr)
     print("-" * len(hdr))
     for name, world, ms in rows:
         vs = f"{skinny_ms / ms:>10.2f}x" if name.endswith("in-graph collectives") else ""
         if name.endswith("fused collectives"):
-            vs = f"{rows[1][2] / ms:>10.2f}x"  # against the same eager DDP with skinny collectives
-        print(f"{name:<36}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}{vs}")
+            vs = f"{rows[-2][2] / ms:>10.2f}x"  # against the same defer_and_fuse DDP, skinny collectives
+        print(f"{name:<39}{world:>6}{ms:>10.1f}{ms / base:>10.2f}x{world * args.batch * 1000 / ms:>11.1f}{vs}")
     ddp, nosync = rows[1][2], rows[2][2]
     print(f"compiled rows, ms/step per launch in the order run: skinny {[round(v, 1) for v in runs['skinny']]}, "
           f"in-graph {[round(v, 1) for v in runs['in_graph']]}")
+    if fused is not None:
+        print(f"defer_and_fuse rows, per launch: skinny {[round(v, 1) for v in druns['skinny']]}, "
+              f"fused {[round(v, 1) for v in druns['in_graph']]}")
     print()
     print("vs 1 proc: ms/step over the baseline's; vs skinny: compiled-skinny ms/step over this row's "
-          "(> 1: in-graph is faster), and for the defer_and_fuse row eager DDP skinny's over its. Compiled rows: DDP python reducer (one all-reduce per parameter, fused into buckets by the compiler), "
+          "(> 1: in-graph is faster); for the fused defer_and_fuse row, the skinny defer_and_fuse row's over its. Compiled rows: DDP python reducer (one all-reduce per parameter, fused into buckets by the compiler), "
           "backward under compiled autograd, optimizer eager, TORCHTPU_DIST_CHECK=0")
     print(f"gradient all-reduce cost (skinny collectives, DDP buckets): {ddp - nosync:.1f} ms/step "
           f"({(ddp - nosync) / ddp * 100:.0f}% of the DDP step)")

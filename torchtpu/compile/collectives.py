@@ -31,8 +31,9 @@ _mode = {"value": None}
 
 
 def set_collectives(mode: str) -> None:
-    """'in_graph' (default): collectives are part of compiled programs; 'skinny': one
-    executable per collective between compiled pieces (for comparison)."""
+    """'in_graph' (default): collectives are part of compiled programs and of defer_and_fuse
+    regions; 'skinny': one executable per collective, between compiled pieces or regions
+    (for comparison)."""
     if mode not in ("in_graph", "skinny"):
         raise ValueError(f"torchtpu: collectives mode must be 'in_graph' or 'skinny', got {mode!r}")
     _mode["value"] = mode

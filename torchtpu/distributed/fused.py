@@ -16,15 +16,15 @@ rank posts a digest of its collectives to the group's store and compares it
 with its peers' (as every eager collective does). Ranks that cut different
 regions all see it at once and fall back together: that region is replayed op
 by op and later collectives run on their own, each checked as in strict mode;
-never a hang or wrong data. `TORCHTPU_DEFER_COLLECTIVES=0` keeps collectives
-out of regions from the start.
+never a hang or wrong data. `torchtpu.set_collectives("skinny")` (or
+`TORCHTPU_COLLECTIVES=skinny`), the switch compiled graphs obey, keeps collectives
+out of regions.
 """
 from __future__ import annotations
 
 import datetime
 import hashlib
 import json
-import os
 import sys
 import time
 
@@ -38,7 +38,12 @@ from ..runtime.jaxenv import to_jax_dtype
 
 funcol = torch.ops._c10d_functional
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_state = {"enabled": os.environ.get("TORCHTPU_DEFER_COLLECTIVES", "1") != "0"}
+_state = {"enabled": True}  # False once the ranks disagreed about a region (for the process)
+
+
+def _in_regions() -> bool:
+    return (_state["enabled"] and modes._state["mode"] == "defer_and_fuse"
+            and ccoll.get_collectives() == "in_graph")
 
 
 def _same(x, *static):
@@ -166,8 +171,7 @@ _written_low.mode = "inplace"
 
 def recording(pg) -> bool:
     """Whether a process-group collective of `pg` is recorded into the region."""
-    return (_state["enabled"] and modes._state["mode"] == "defer_and_fuse" and pg._size > 1
-            and not pg._p2p)
+    return _in_regions() and pg._size > 1 and not pg._p2p
 
 
 def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
@@ -225,7 +229,7 @@ def _kernel(op):
     def kernel(*args):
         x = args[0]
         pg = None
-        if _state["enabled"] and modes._state["mode"] == "defer_and_fuse" and x.device.type == "tpu":
+        if x.device.type == "tpu" and _in_regions():
             pg = ccoll.tpu_group(args[-1])
         if pg is None or pg.size() == 1 or not _even_splits(op, args):
             # PyTorch's own implementation: the process group's collective (it flushes
