@@ -65,7 +65,31 @@ def test_compiled_ddp_matches_single_process_cpu(job):
         assert r["fallbacks"] == {}
 
 
+def test_ranks_compiling_different_collectives_fail_naming_both():
+    # a rank-dependent branch in compiled code: each rank compiles a different graph; the
+    # first run of each SPMD program is checked across ranks, never silently wrong
+    job = multiproc.launch(HERE, "mismatch", timeout=240.0, env_extra=dict(TORCHTPU_COLLECTIVES="in_graph"))
+    for rc, so, se, _ in job:
+        assert rc != 0, so
+        err = multiproc.clean(se)
+        assert "issued different collectives" in err, err[-3000:]
+        assert "all_reduce((4,):float32, 'sum')" in err and "all_reduce((4,):float32, 'max')" in err, err[-3000:]
+        assert "RESULT" not in so
+
+
 # ----------------------------------------------------------------------------- in each rank
+
+
+def _worker_mismatch() -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    import torchtpu  # noqa: F401
+
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+    op = "sum" if dist.get_rank() == 0 else "max"
+    f = torch.compile(lambda x: funcol.all_reduce(x * 2, op, dist.group.WORLD), backend="tpu")
+    out = f(torch.ones(4, device="tpu")).cpu()
+    print("RESULT " + json.dumps(dict(value=out.tolist())), flush=True)
 
 
 def _collectives(rank: int, world: int) -> dict:
@@ -184,4 +208,7 @@ def _worker(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1])
+    if sys.argv[1] == "mismatch":
+        _worker_mismatch()
+    else:
+        _worker(sys.argv[1])

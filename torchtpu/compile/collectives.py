@@ -158,19 +158,36 @@ LOWERINGS = {
 
 
 class Context:
-    """What a graph's collectives run over: the group, its size, its mesh."""
+    """What a graph's collectives run over: the group, its size, its mesh; for a compiled
+    graph also what its collectives are (checked across ranks before its first run)."""
 
-    def __init__(self, group):
+    def __init__(self, group, what: str = "", digest: str = ""):
         self.group = group
         self.size = group.size()
         self.mesh, self.sharding = group._mesh_and_sharding()
+        self.what = what
+        self.digest = digest
+
+
+def _describe(n) -> str:
+    def arg(a):
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if isinstance(v, torch.Tensor):
+            return f"{tuple(v.shape)}:{str(v.dtype).removeprefix('torch.')}"
+        return repr(a) if not isinstance(a, torch.fx.Node) else "?"
+    g = _group_arg(n)
+    return f"{n.target._opname}({', '.join(arg(a) for a in n.args if a != g)})"
 
 
 def context_of(gm: torch.fx.GraphModule) -> Context | None:
     nodes = collective_nodes(gm)
     if not nodes:
         return None
-    return Context(tpu_group(_group_arg(nodes[0])))
+    import hashlib
+
+    ops = [_describe(n) for n in nodes]
+    what = f"a compiled graph with {', '.join(ops)}"
+    return Context(tpu_group(_group_arg(nodes[0])), what, hashlib.sha1(repr(ops).encode()).hexdigest()[:16])
 
 
 # ---- running a program as SPMD over the group's mesh -------------------------------------------

@@ -215,6 +215,10 @@ class CompiledGraph:
             with self._lock:
                 got = self._jits.get(key)
                 if got is None:
+                    ctx = self.program.collectives
+                    if ctx is not None and ctx.digest:
+                        # a new program with collectives: every rank must be about to run the same
+                        ctx.group.check_program(f"{ctx.what} ({self.label})", ctx.digest)
                     got = self._jits[key] = self._make(sig, donate)
                     fn = got[0]
                     bump("compiles")

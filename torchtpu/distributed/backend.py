@@ -658,6 +658,47 @@ class TpuProcessGroup(dist.ProcessGroup):
             pass
         return (lambda: verify()), info
 
+    def _exchange(self, prog: str, what: str) -> tuple[int, dict]:
+        """Post this rank's next program (a fused region's or a compiled graph's collectives)
+        under the group's next collective number and wait for every peer's; returns the
+        number and {rank: {"prog", "what"}} for every rank. A peer that never posts ends in
+        the process-group timeout with an error naming what this rank was about to run."""
+        wd = _watchdog()
+        wd.check()
+        store, me = self._store, self._rank
+        self._cseq += 1
+        seq = self._cseq
+        mine = dict(prog=prog, what=what)
+        others = [r for r in range(self._size) if r != me]
+        peers = [self._sig_key(seq, r) for r in others]
+        desc = f"{what} (rank {me} of {self._size}, collective #{seq})"
+        wd.dispatching = (desc, time.monotonic(), self._timeout, lambda: self._peer_report(seq))
+        try:
+            store.set(self._sig_key(seq, me), json.dumps(mine))
+            if seq > 2:
+                store.delete_key(self._sig_key(seq - 2, me))  # every peer has read it (it posted seq - 1)
+            store.wait(peers, datetime.timedelta(seconds=self._timeout))
+            sigs = {r: json.loads(v) for r, v in zip(others, store.multi_get(peers))}
+        except Exception as e:  # noqa: BLE001
+            msg = (f"torchtpu.distributed: {desc}: the peers did not post their next collective within the "
+                   f"process-group timeout ({e}); a peer probably died or hangs")
+            wd._fail(msg)  # ends the process unless TORCHTPU_DIST_ABORT=0
+            raise TpuDistError(msg) from e
+        finally:
+            wd.dispatching = None
+        sigs[me] = mine
+        return seq, sigs
+
+    def check_program(self, what: str, digest: str) -> None:
+        """Before a compiled SPMD program first runs: every rank must run the same
+        collectives (a rank-dependent branch in compiled code compiles another graph)."""
+        if self._store is None:  # TORCHTPU_DIST_CHECK=0
+            return
+        prog = f"GRAPH {digest}"
+        seq, sigs = self._exchange(prog, what)
+        if any(v["prog"] != prog for v in sigs.values()):
+            self._mismatch(seq, f"{what} (rank {self._rank} of {self._size})", sigs)
+
     def _mismatch(self, seq, desc, sigs):
         lines = "; ".join(f"rank {r} issued {sigs[r]['what']}" for r in sorted(sigs))
         msg = (f"torchtpu.distributed: {desc}: the ranks of group {self.getGroupName()!r} issued different "

@@ -22,9 +22,7 @@ out of regions.
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
-import json
 import sys
 import time
 
@@ -303,40 +301,16 @@ def agree(ctx, fkey, nodes) -> bool:
     the others did not make) every rank learns it at once and falls back to the same
     thing: this region is replayed op by op and later collectives run on their own, each
     checked as in strict mode. A peer that never posts ends in the process-group timeout."""
-    from . import backend
-
     pg = ctx.group
-    store = pg._store
-    if store is None:  # TORCHTPU_DIST_CHECK=0
+    if pg._store is None:  # TORCHTPU_DIST_CHECK=0
         return True
-    wd = backend._watchdog()
-    wd.check()
-    me = pg._rank
-    pg._cseq += 1
-    seq = pg._cseq
     what = _what(nodes)
-    mine = json.dumps(dict(prog=f"REGION {_digest(fkey, nodes)}", what=what))
-    others = [r for r in range(pg._size) if r != me]
-    peers = [pg._sig_key(seq, r) for r in others]
-    desc = f"{what} (rank {me} of {pg._size}, collective #{seq})"
-    wd.dispatching = (desc, time.monotonic(), pg._timeout, lambda: pg._peer_report(seq))
-    try:
-        store.set(pg._sig_key(seq, me), mine)
-        if seq > 2:
-            store.delete_key(pg._sig_key(seq - 2, me))  # every peer has read it (it posted seq - 1)
-        store.wait(peers, datetime.timedelta(seconds=pg._timeout))
-        sigs = {r: json.loads(v) for r, v in zip(others, store.multi_get(peers))}
-    except Exception as e:  # noqa: BLE001
-        msg = (f"torchtpu.distributed: {desc}: the peers did not post their next collective within the "
-               f"process-group timeout ({e}); a peer probably died or hangs")
-        wd._fail(msg)  # ends the process unless TORCHTPU_DIST_ABORT=0
-        raise backend.TpuDistError(msg) from e
-    finally:
-        wd.dispatching = None
-    if all(v["prog"] == f"REGION {_digest(fkey, nodes)}" for v in sigs.values()):
+    prog = f"REGION {_digest(fkey, nodes)}"
+    seq, sigs = pg._exchange(prog, what)
+    if all(v["prog"] == prog for v in sigs.values()):
         return True
     _state["enabled"] = False
-    lines = "; ".join(f"rank {r} {v['what']}" for r, v in sorted({me: dict(what=what), **sigs}.items()))
+    lines = "; ".join(f"rank {r} {v['what']}" for r, v in sorted(sigs.items()))
     sys.stderr.write(
         f"torchtpu: defer_and_fuse: the ranks of group {pg.getGroupName()!r} fused different regions around "
         f"their collectives (#{seq}: {lines}), since one rank read a value on the host where the others did "
