@@ -45,7 +45,10 @@ def test_mlp_forward_backward_matches_cpu(no_fallback):
     mt = copy.deepcopy(m).to("tpu")
     x = torch.randn(5, 8)
     y = torch.compile(mt, backend="tpu")(tpu(x))
-    yc = m(x)
+    _assert_output_and_grads_match(y, m(x), mt, m)
+
+
+def _assert_output_and_grads_match(y, yc, mt, m):
     close(y, yc, atol=1e-5, rtol=1e-5)
     y.square().sum().backward()
     yc.square().sum().backward()
@@ -72,12 +75,7 @@ def test_forward_saves_parameters_and_their_views_not_copies(no_fallback):
         y = f(tpu(x))
     shared = [t for t in saved if t.untyped_storage()._cdata in storages]
     assert len(shared) >= 3, [tuple(t.shape) for t in saved]
-    yc = m(x)
-    close(y, yc, atol=1e-5, rtol=1e-5)
-    y.square().sum().backward()
-    yc.square().sum().backward()
-    for p, q in zip(mt.parameters(), m.parameters()):
-        close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+    _assert_output_and_grads_match(y, m(x), mt, m)
 
 
 def _train(model, batch, crit, steps, device, compiled):

@@ -265,31 +265,28 @@ def main(argv=None) -> int:
           "backward under compiled autograd, optimizer eager, TORCHTPU_DIST_CHECK=0")
     print(f"gradient all-reduce cost (skinny collectives, DDP buckets): {ddp - nosync:.1f} ms/step "
           f"({(ddp - nosync) / ddp * 100:.0f}% of the DDP step)")
-    # correctness: the compiled runs' warm-up steps (same init, same data) against eager DDP's
-    ok = True
-    for mode, res in compiled.items():
+    # correctness: the other runs' warm-up steps (same init, same data) against eager DDP's
+    def worst_vs_eager(res) -> float:
         worst = 0.0
         for r, e in zip(sorted(res, key=lambda r: r["rank"]), sorted(two, key=lambda r: r["rank"])):
             for a_, b_ in zip(r["warm_losses"], e["warm_losses"]):
                 worst = max(worst, abs(a_ - b_) / max(abs(b_), 1e-12))
+        return worst
+
+    checked = [(f"DDP compiled, {mode}", res, lambda m: (
+        f"graphs with in-graph collectives {m['in_graph_collective_graphs']}, cut at collectives (skinny) "
+        f"{m['skinny_graphs']}")) for mode, res in compiled.items()]
+    if fused is not None:
+        checked.append(("DDP defer_and_fuse", fused, lambda m: (
+            f"regions with collectives {m['regions_with_collectives']}, regions replayed {m['regions_replayed']}")))
+    ok = True
+    for label, res, counts in checked:
+        worst = worst_vs_eager(res)
         good = worst <= 1e-4
         ok &= good
         m = res[0]["metrics"]
-        print(f"DDP compiled, {mode}: first {args.warmup} losses vs eager DDP, every rank: max rel diff "
-              f"{worst:.1e} ({'match' if good else 'MISMATCH'}); graphs with in-graph collectives "
-              f"{m['in_graph_collective_graphs']}, cut at collectives (skinny) {m['skinny_graphs']}, "
-              f"cpu fallbacks {m['cpu_fallbacks']}")
-    if fused is not None:
-        worst = 0.0
-        for r, e in zip(sorted(fused, key=lambda r: r["rank"]), sorted(two, key=lambda r: r["rank"])):
-            for a_, b_ in zip(r["warm_losses"], e["warm_losses"]):
-                worst = max(worst, abs(a_ - b_) / max(abs(b_), 1e-12))
-        good = worst <= 1e-4
-        ok &= good
-        m = fused[0]["metrics"]
-        print(f"DDP defer_and_fuse: first {args.warmup} losses vs eager DDP, every rank: max rel diff {worst:.1e} "
-              f"({'match' if good else 'MISMATCH'}); regions with collectives {m['regions_with_collectives']}, "
-              f"regions replayed {m['regions_replayed']}, cpu fallbacks {m['cpu_fallbacks']}")
+        print(f"{label}: first {args.warmup} losses vs eager DDP, every rank: max rel diff {worst:.1e} "
+              f"({'match' if good else 'MISMATCH'}); {counts(m)}, cpu fallbacks {m['cpu_fallbacks']}")
     return 0 if ok else 1
 
 
