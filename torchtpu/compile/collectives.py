@@ -14,6 +14,7 @@ the eager path does. A graph whose collectives cannot share one SPMD program
 """
 from __future__ import annotations
 
+import hashlib
 import operator
 import os
 
@@ -183,8 +184,6 @@ def context_of(gm: torch.fx.GraphModule) -> Context | None:
     nodes = collective_nodes(gm)
     if not nodes:
         return None
-    import hashlib
-
     ops = [_describe(n) for n in nodes]
     what = f"a compiled graph with {', '.join(ops)}"
     return Context(tpu_group(_group_arg(nodes[0])), what, hashlib.sha1(repr(ops).encode()).hexdigest()[:16])

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..metrics import bump
-from ..runtime import geometry, rng, storage, tensors, transfer
+from ..runtime import donation, geometry, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from . import collectives
 from . import graph as _graph
@@ -137,9 +137,7 @@ class CompiledGraph:
         learned = {}
 
         def run(donated, kept, rngdata, host_values):
-            bufs = list(kept)
-            for i, b in zip(donate, donated):
-                bufs[i] = b
+            bufs = donation.merge(donated, kept, donate)
             inputs = []
             for s, b in zip(sig, bufs):
                 if s[0] == "tpu":
@@ -231,10 +229,7 @@ class CompiledGraph:
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
         if donate:
-            donated = [bufs[i] for i in donate]
-            for i in donate:
-                bufs[i] = None
-            outs, written, packed = fn(donated, bufs, rngdata, host_values)
+            outs, written, packed = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
         else:
             outs, written, packed = fn((), bufs, rngdata, host_values)
         if t0 is not None:

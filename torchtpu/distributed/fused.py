@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import torch
 
 from ..compile import collectives as ccoll
-from ..eager import executor, modes, scalars
+from ..eager import modes, scalars
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 
@@ -130,10 +130,10 @@ class _Written(_Collective):
         self.updated = tuple(sorted({w[0] for w in writes}))
         body = make_body()
 
-        def program(bufs, scalars_, rngdata):
-            flats = [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
-            outs = body(*flats)
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        def read(bufs):
+            return [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
+
+        def write_back(bufs, outs):
             new = {}
             for (i, sh, st, off, dt), o in zip(writes, outs):
                 base = new.get(i, bufs[i])
@@ -142,19 +142,16 @@ class _Written(_Collective):
                 new[i] = geometry.write(base, o.reshape(sh).astype(dt), sh, st, off)
             return [], new
 
+        def program(bufs, scalars_, rngdata):
+            outs = body(*read(bufs))
+            return write_back(bufs, outs if isinstance(outs, (tuple, list)) else (outs,))
+
         self.program = program
 
         def fn(bufs, packed, rngdata):
             # op by op: the eager collective itself, checked and watched
-            flats = [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
-            outs = pg._run(name, pkey, lambda: body, flats, [_Shape(r[1], r[4]) for r in reads])
-            new = {}
-            for (i, sh, st, off, dt), o in zip(writes, outs):
-                base = new.get(i, bufs[i])
-                if base is None:
-                    base = jnp.zeros(specs[i][0], specs[i][1])
-                new[i] = geometry.write(base, o.reshape(sh).astype(dt), sh, st, off)
-            return [], new
+            shapes = [_Shape(r[1], r[4]) for r in reads]
+            return write_back(bufs, pg._run(name, pkey, lambda: body, read(bufs), shapes))
 
         fn.codes = scalars.layout([])
         self.fn = fn
@@ -264,23 +261,23 @@ def install() -> None:
 
 # ---- running a region that holds collectives ------------------------------------------------
 
-_digests: dict = {}
+_summaries: dict = {}
 
 
-def _digest(fkey, nodes) -> str:
-    """What every rank's region must agree on: its collectives (op, reduction, shapes,
-    dtypes) in order. The rest of the program may differ between ranks (each reads its
-    own shard at its own offset; a scatter's source rank cuts the chunks it sends)."""
-    d = _digests.get(fkey)
-    if d is None:
-        text = repr([n.compiled.skeleton for n in nodes if isinstance(n.compiled, _Collective)])
-        d = _digests[fkey] = hashlib.sha1(text.encode()).hexdigest()[:16]
-    return d
+def _summary(fkey, nodes) -> tuple[str, str]:
+    """(digest, description) of a region's collectives, once per region signature.
 
-
-def _what(nodes) -> str:
-    colls = [n for n in nodes if isinstance(n.compiled, _Collective)]
-    return f"a fused region of {len(nodes)} ops with " + ", ".join(n.compiled.describe() for n in colls)
+    The digest is what every rank's region must agree on: its collectives (op,
+    reduction, shapes, dtypes) in order. The rest of the program may differ between
+    ranks (each reads its own shard at its own offset; a scatter's source rank cuts the
+    chunks it sends)."""
+    got = _summaries.get(fkey)
+    if got is None:
+        colls = [n.compiled for n in nodes if isinstance(n.compiled, _Collective)]
+        digest = hashlib.sha1(repr([c.skeleton for c in colls]).encode()).hexdigest()[:16]
+        what = f"a fused region of {len(nodes)} ops with " + ", ".join(c.describe() for c in colls)
+        got = _summaries[fkey] = (digest, what)
+    return got
 
 
 class _Shape:
@@ -304,8 +301,8 @@ def agree(ctx, fkey, nodes) -> bool:
     pg = ctx.group
     if pg._store is None:  # TORCHTPU_DIST_CHECK=0
         return True
-    what = _what(nodes)
-    prog = f"REGION {_digest(fkey, nodes)}"
+    digest, what = _summary(fkey, nodes)
+    prog = f"REGION {digest}"
     seq, sigs = pg._exchange(prog, what)
     if all(v["prog"] == prog for v in sigs.values()):
         return True
@@ -318,7 +315,7 @@ def agree(ctx, fkey, nodes) -> bool:
     return False
 
 
-def run_region(ctx, nodes, fn, args):
+def run_region(ctx, fkey, nodes, fn, args):
     """Launch a fused region with collectives and hand its outputs to the distributed
     watchdog (a peer that dies mid-program ends in a timeout error, not a hang)."""
     from . import backend
@@ -326,7 +323,7 @@ def run_region(ctx, nodes, fn, args):
     pg = ctx.group
     wd = backend._watchdog()
     pg._seq += 1
-    desc = f"{_what(nodes)} (rank {pg._rank} of {pg._size}, seq {pg._seq})"
+    desc = f"{_summary(fkey, nodes)[1]} (rank {pg._rank} of {pg._size}, seq {pg._seq})"
     wd.dispatching = (desc, time.monotonic(), pg._timeout, None)
     try:
         results = fn(*args)

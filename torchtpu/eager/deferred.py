@@ -23,7 +23,7 @@ import weakref
 import jax
 
 from .. import metrics
-from ..runtime import rng
+from ..runtime import donation, rng
 from . import scalars as _scalars
 
 _lock = threading.RLock()
@@ -234,9 +234,7 @@ def _make_fused(nodes, out_refs, codes, donate, group=None):
     programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
 
     def fused(donated, kept, packed, rngs):
-        inputs = list(kept)
-        for i, b in zip(donate, donated):
-            inputs[i] = b
+        inputs = donation.merge(donated, kept, donate)
         scalars = _scalars.unpack(packed, codes)
         vals = {}
         si = 0
@@ -353,12 +351,10 @@ def flush(reason: str) -> None:
                     metrics.bump("region_compiles")
                 else:
                     metrics.bump("cache_hits")
-                donated = [inputs[i] for i in donate]
-                for i in donate:
-                    inputs[i] = None
+                donated = donation.split(inputs, donate)
                 args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
                 if g.collectives is not None:
-                    results = _dist_fused.run_region(g.collectives, g.nodes, fn, args)
+                    results = _dist_fused.run_region(g.collectives, fkey, g.nodes, fn, args)
                     metrics.bump("regions_with_collectives")
                 else:
                     results = fn(*args)

@@ -21,7 +21,7 @@ import torch
 from .. import metrics
 from ..ops import registry
 from ..ops.registry import Lowering
-from ..runtime import geometry, rng, storage, tensors
+from ..runtime import donation, geometry, rng, storage, tensors
 from . import deferred, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
@@ -302,7 +302,7 @@ def _jit_packed(program, codes, fast: bool = False):
     return fn
 
 
-def _churning(compiled: _Compiled) -> bool:
+def _fast_compile(compiled: _Compiled) -> bool:
     skey = compiled.shape_free_key()
     n = _shapes_seen[skey] = _shapes_seen.get(skey, 0) + 1
     if n > FAST_AFTER:
@@ -342,9 +342,7 @@ def _donating(compiled: _Compiled, donate: tuple):
         program, codes = compiled.program, compiled.fn.codes
 
         def packed_program(donated, kept, packed, rngdata):
-            bufs = list(kept)
-            for i, b in zip(donate, donated):
-                bufs[i] = b
+            bufs = donation.merge(donated, kept, donate)
             return program(tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
 
         fn = compiled.donating[donate] = jax.jit(packed_program, donate_argnums=(0,))
@@ -396,7 +394,7 @@ def execute(low: Lowering, args, kwargs):
         compiled = _Compiled()
         compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
-        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _churning(compiled))
+        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _fast_compile(compiled))
         with _cache_lock:
             _cache[key] = compiled
     if modes._state["mode"] == "defer_and_fuse":
@@ -427,10 +425,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     try:
         if donate:
             kept = list(bufs)
-            donated = [kept[i] for i in donate]
-            for i in donate:
-                kept[i] = None
             bufs = None
+            donated = donation.split(kept, donate)
             outs, updated = _donating(compiled, donate)(donated, kept, scalars.pack(flat.dyn, compiled.fn.codes),
                                                         rngdata)
             del donated
