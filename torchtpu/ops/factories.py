@@ -91,6 +91,19 @@ def arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _arange_impl(0, end, 1, dtype)
 
 
+@kernel("arange.start")
+def arange_shifted(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """An integer range as arange(n) + start: its executable is keyed by the length alone
+    and start rides as a runtime scalar, so the positions arange(t, t + 1) of a decoding
+    loop compile once, not once per token."""
+    kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
+    if type(start) is not int or type(end) is not int or not (dtype is None or _is_int_dtype(dtype)) \
+            or dtype == torch.bool:
+        return torch.ops.aten.arange.start_step(start, end, 1, **kw)
+    r = torch.ops.aten.arange.default(_arange_size(start, end, 1, torch.int64), **kw)
+    return r + start if start else r
+
+
 @kernel("arange.start_out")
 def arange_start_out(start, end, step=1, *, out):
     r = torch.ops.aten.arange.start_step(start, end, step, dtype=out.dtype, device=out.device)
