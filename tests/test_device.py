@@ -190,3 +190,17 @@ def test_module_to_keeps_tied_parameters():
     torch.testing.assert_close(m[0].weight.grad.cpu(), ref[0].weight.grad)
     m.to("cpu")
     assert m[0].weight is m[1].weight and m[0].weight.device.type == "cpu"
+
+
+def test_integer_arange_with_a_moving_start_compiles_once(no_fallback):
+    torchtpu.reset_metrics()
+    for t in range(8):
+        torch.testing.assert_close(torch.arange(t, t + 3, device="tpu").cpu(), torch.arange(t, t + 3))
+    assert torchtpu.metrics()["compiles"] <= 2  # arange(3) and the add of a runtime start
+    torch.testing.assert_close(torch.arange(-4, 3, dtype=torch.int32, device="tpu").cpu(),
+                               torch.arange(-4, 3, dtype=torch.int32))
+    torch.testing.assert_close(torch.arange(3, 10, dtype=torch.float32, device="tpu").cpu(),
+                               torch.arange(3, 10, dtype=torch.float32))
+    assert torch.arange(5, 5, device="tpu").shape == (0,)
+    with pytest.raises(RuntimeError, match="bound"):
+        torch.arange(7, 2, device="tpu")
