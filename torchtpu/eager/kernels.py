@@ -2,8 +2,9 @@
 
 Every lowering in the table becomes a kernel, together with the in-place and
 out= overloads generated from it; a handful of runtime kernels (allocation,
-copies, views, scalars) are written here by hand; everything else reaches the
-boxed fallback.
+copies, views, scalars) are written here by hand; the few composites served
+whole at the autograd key (ops/registry.autograd_kernel) go to
+AutogradPrivateUse1; everything else reaches the boxed fallback.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 import torch
 
 from .. import metrics
-from ..ops.registry import KERNELS, LOWERINGS, Lowering, overload, variants_of
+from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, overload, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import fallback
@@ -83,6 +84,9 @@ def register_lowerings() -> None:
 def register_kernels() -> None:
     for name, fn in KERNELS.items():
         _impl(name, fn)
+        SERVED.setdefault(name, None)
+    for name, fn in AUTOGRAD_KERNELS.items():
+        _lib.impl(name, fn, "AutogradPrivateUse1")
         SERVED.setdefault(name, None)
 
 

@@ -1,5 +1,6 @@
 """ATen -> JAX lowerings, one module per op family. Importing this fills the table."""
 from . import (  # noqa: F401
+    attention,
     factories,
     fft,
     foreach,
@@ -15,4 +16,4 @@ from . import (  # noqa: F401
     shape,
     special,
 )
-from .registry import KERNELS, LOWERINGS, kernel, lower  # noqa: F401
+from .registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, autograd_kernel, kernel, lower  # noqa: F401

@@ -174,6 +174,24 @@ def kernel(*names: str):
     return deco
 
 
+AUTOGRAD_KERNELS: dict[str, Callable] = {}
+
+
+def autograd_kernel(*names: str):
+    """Register a kernel at the autograd key, ahead of a CompositeImplicitAutograd op's
+    decomposition: for a composite that PyTorch would break into many small ops on a
+    backend it has no C++ kernel for (scaled_dot_product_attention), when a fused op
+    with its own derivative formula serves it whole."""
+
+    def deco(fn):
+        for name in names:
+            overload(name)
+            AUTOGRAD_KERNELS[name] = fn
+        return fn
+
+    return deco
+
+
 def _signature(op: torch._ops.OpOverload, drop_out: bool) -> list[tuple[str, str]]:
     sig = []
     for a in op._schema.arguments:

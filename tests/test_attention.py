@@ -1,0 +1,112 @@
+"""F.scaled_dot_product_attention on tpu: one fused op forward and one backward, against
+CPU PyTorch, and the calls the fused pair cannot serve still matching through the composite."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+
+F32 = dict(atol=1e-5, rtol=1e-4)
+LOW = dict(atol=2e-2, rtol=2e-2)
+
+
+def _mask(kind, B, L, S, dtype):
+    if kind == "bool":
+        m = torch.rand(L, S) > 0.3
+        m[:, 0] = True
+        return m
+    if kind == "bool_rows_masked":  # some rows see no key at all: PyTorch gives them zeros
+        m = torch.rand(B, 1, L, S) > 0.5
+        m[0, 0, 0] = False
+        return m
+    if kind == "float":
+        return torch.randn(B, 1, 1, S).to(dtype)
+    return None
+
+
+def _compare(B, H, L, S, E, *, Ev=None, Hk=None, dtype=torch.float32, mask=None, **kw):
+    """CPU vs tpu output and q/k/v gradients; returns the tpu executions forward+backward."""
+    Hk = Hk or H
+    q = torch.randn(B, H, L, E).to(dtype).requires_grad_()
+    k = torch.randn(B, Hk, S, E).to(dtype).requires_grad_()
+    v = torch.randn(B, Hk, S, Ev or E).to(dtype).requires_grad_()
+    m = _mask(mask, B, L, S, dtype)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+    cot = torch.randn(ref.shape).to(dtype)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), cot)
+    tq, tk, tv = (t.detach().to("tpu").requires_grad_() for t in (q, k, v))
+    torchtpu.reset_metrics()
+    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=None if m is None else m.to("tpu"), **kw)
+    grads = torch.autograd.grad(out, (tq, tk, tv), cot.to("tpu"))
+    torch.tpu.synchronize()
+    tol = F32 if dtype == torch.float32 else LOW
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.cpu(), ref, **tol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.cpu(), r, **tol)
+    return _ops_run()
+
+
+def _ops_run() -> int:
+    """Ops run on tpu since the last reset: executables in strict, recorded ops in defer_and_fuse."""
+    m = torchtpu.metrics()
+    return m["region_ops"] if torchtpu.get_eager_mode() == "defer_and_fuse" else m["executions"]
+
+
+@pytest.mark.parametrize("case", [
+    dict(),
+    dict(is_causal=True),
+    dict(is_causal=True, L=3, S=7),  # causal masks are top-left aligned, as PyTorch's
+    dict(is_causal=True, L=7, S=3),
+    dict(mask="bool"),
+    dict(mask="bool_rows_masked"),
+    dict(mask="float"),
+    dict(Ev=8),
+    dict(scale=0.3),
+    dict(dtype=torch.bfloat16, is_causal=True),
+    dict(dtype=torch.float16, mask="float"),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) or "plain")
+def test_sdpa_is_one_fused_op_each_way_and_matches_cpu(no_fallback, case):
+    case = dict(case)
+    shape = dict(B=2, H=4, L=case.pop("L", 8), S=case.pop("S", 6), E=16)
+    # forward and backward are one executable each (the math path ran 16)
+    assert _compare(**shape, **case) == 2
+
+
+@pytest.mark.parametrize("case", [
+    dict(Hk=2, enable_gqa=True),  # grouped-query heads
+    dict(dropout_p=0.0, mask="float", mask_grad=True),
+])
+def test_sdpa_calls_the_fused_op_cannot_serve_take_the_composite(no_fallback, case):
+    case = dict(case)
+    if case.pop("mask_grad", False):
+        # a mask that needs a gradient: the fused pair has no mask gradient
+        q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+        m = torch.randn(1, 1, 4, 4, requires_grad=True)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=m).sum().backward()
+        tm = m.detach().to("tpu").requires_grad_()
+        F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), attn_mask=tm).sum().backward()
+        torch.testing.assert_close(tm.grad.cpu(), m.grad, **F32)
+        return
+    assert _compare(2, 4, 8, 6, 16, **case) > 2
+
+
+def test_sdpa_dropout_trains_through_the_composite(no_fallback):
+    q = torch.randn(2, 2, 8, 8, device="tpu", requires_grad=True)
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and torch.isfinite(q.grad.cpu()).all()
+
+
+def test_sdpa_with_a_growing_kv_cache_compiles_one_attention_per_length(no_fallback):
+    q = torch.randn(1, 4, 1, 16, device="tpu")
+    k = torch.randn(1, 4, 1, 16, device="tpu")
+    torchtpu.reset_metrics()
+    for _ in range(6):
+        k = torch.cat([k, torch.randn(1, 4, 1, 16).to("tpu")], dim=2)
+        out = F.scaled_dot_product_attention(q, k, k)
+    ref = F.scaled_dot_product_attention(q.cpu(), k.cpu(), k.cpu())
+    torch.testing.assert_close(out.cpu(), ref, **F32)
+    # per length: the cat and one attention (the math path compiled five ops per length)
+    assert torchtpu.metrics()["compiles"] <= 2 * 6 + 1
+

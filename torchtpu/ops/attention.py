@@ -1,0 +1,121 @@
+"""Fused scaled dot-product attention.
+
+PyTorch picks a fused attention kernel per device through a C++ dispatch stub that a
+Python backend cannot fill, so on "tpu" `F.scaled_dot_product_attention` used to take
+its math path: scale, matmul, mask, softmax, matmul, each its own op (and its own
+executable per KV-cache length while decoding), and about twice that in backward.
+Here it is served at the autograd key by one forward and one backward op: the CPU
+flash-attention pair `_scaled_dot_product_flash_attention_for_cpu(_backward)`, whose
+derivative formula PyTorch already has, lowered below to one XLA program each.
+Calls this pair cannot express (dropout, grouped-query heads, a mask that needs a
+gradient, tensor subclasses such as the fake tensors torch.compile traces with) take
+PyTorch's own composite, exactly as before.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import torch
+
+from .registry import autograd_kernel, lower
+
+_LOW = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def _acc(dtype):
+    # PyTorch's math path computes half-precision attention in float32
+    return jnp.float32 if jnp.dtype(dtype) in _LOW else dtype
+
+
+def _probs(q, k, is_causal, attn_mask, scale):
+    """Softmax(q k^T * scale + mask) in the accumulation dtype, its log-sum-exp, and the
+    scale used; rows every key is masked out of give probabilities 0 (PyTorch's
+    _safe_softmax) and a log-sum-exp of -inf."""
+    acc = _acc(q.dtype)
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("...le,...se->...ls", q.astype(acc), k.astype(acc)) * jnp.asarray(s, acc)
+    L, S = scores.shape[-2], scores.shape[-1]
+    neg = jnp.asarray(-jnp.inf, acc)
+    if is_causal:
+        keep = jnp.tril(jnp.ones((L, S), bool))  # top-left aligned, as PyTorch's
+        scores = jnp.where(keep, scores, neg)
+    if attn_mask is not None:
+        if attn_mask.dtype == jnp.bool_:
+            scores = jnp.where(attn_mask, scores, neg)
+        else:
+            scores = scores + attn_mask.astype(acc)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, jnp.zeros((), acc))
+    e = jnp.exp(scores - m)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = jnp.where(total > 0, e / jnp.where(total > 0, total, 1), jnp.zeros((), acc))
+    lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total > 0, total, 1))[..., 0] + m[..., 0], neg)
+    return p, lse, s
+
+
+def _check(q, k, v, dropout_p):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise RuntimeError(
+            "_scaled_dot_product_flash_attention_for_cpu: expected 4-D query, key and value "
+            f"(batch, heads, length, dim), got {q.ndim}-D, {k.ndim}-D and {v.ndim}-D"
+        )
+    if dropout_p:
+        raise NotImplementedError(
+            "_scaled_dot_product_flash_attention_for_cpu on tpu: dropout_p > 0 is not supported "
+            "(F.scaled_dot_product_attention with dropout takes PyTorch's math path)"
+        )
+
+
+@lower("_scaled_dot_product_flash_attention_for_cpu")
+def sdpa_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    _check(query, key, value, dropout_p)
+    p, lse, _ = _probs(query, key, is_causal, attn_mask, scale)
+    out = jnp.einsum("...ls,...se->...le", p, value.astype(p.dtype))
+    return out.astype(query.dtype), lse.astype(jnp.float32)
+
+
+@lower("_scaled_dot_product_flash_attention_for_cpu_backward")
+def sdpa_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+                  scale=None):
+    _check(query, key, value, dropout_p)
+    p, _, s = _probs(query, key, is_causal, attn_mask, scale)
+    acc = p.dtype
+    g = grad_out.astype(acc)
+    dv = jnp.einsum("...ls,...le->...se", p, g)
+    dp = jnp.einsum("...le,...se->...ls", g, value.astype(acc))
+    # softmax backward: the row sums of p * dp equal those of grad_out * out
+    rows = jnp.sum(g * out.astype(acc), axis=-1, keepdims=True)
+    ds = p * (dp - rows) * jnp.asarray(s, acc)
+    dq = jnp.einsum("...ls,...se->...le", ds, key.astype(acc))
+    dk = jnp.einsum("...ls,...le->...se", ds, query.astype(acc))
+    return dq.astype(query.dtype), dk.astype(key.dtype), dv.astype(value.dtype)
+
+
+_sdpa = torch.ops.aten.scaled_dot_product_attention.default
+_fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if any(type(t) is not torch.Tensor for t in tensors):
+        return False  # fake/functional tensors of a torch.compile trace, DTensor, ...
+    if dropout_p or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    if not (query.dtype == key.dtype == value.dtype) or not query.dtype.is_floating_point:
+        return False  # the composite raises PyTorch's own error
+    if query.shape[1] != key.shape[1] or key.shape[1] != value.shape[1] or query.shape[-1] != key.shape[-1]:
+        return False  # grouped-query heads (enable_gqa) and bad shapes: the composite
+    if attn_mask is not None and (is_causal or attn_mask.requires_grad or attn_mask.dim() > 4
+                                  or attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point):
+        return False
+    return True
+
+
+@autograd_kernel("scaled_dot_product_attention")
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                                 scale=None, enable_gqa=False):
+    if not _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                               enable_gqa=enable_gqa)
+    return _fused(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
