@@ -192,36 +192,20 @@ def set_source_storage_offset(self, source, storage_offset, size, stride=()):
     return self
 
 
-def _infer_size(size, numel: int, op: str):
-    size = list(size)
-    neg = [i for i, s in enumerate(size) if s == -1]
-    if len(neg) > 1:
-        raise RuntimeError(f"{op}: only one dimension can be inferred")
-    known = math.prod(s for s in size if s != -1)
-    if neg:
-        if known == 0 or numel % known:
-            raise RuntimeError(f"shape '{size}' is invalid for input of size {numel}")
-        size[neg[0]] = numel // known
-    elif known != numel:
-        raise RuntimeError(f"shape '{size}' is invalid for input of size {numel}")
-    return size
+# view and _reshape_alias run Meta's C++ kernels: they build the view's
+# TensorImpl over this tensor's own storage and dispatch keys (device-agnostic code), with
+# PyTorch's own stride computation and errors: 4 us a view where geometry computed here
+# in Python cost 14 us, and 100 us for a view of a non-contiguous tensor on meta stand-ins.
+_view = torch.ops.aten.view.default
+_reshape_alias_op = torch.ops.aten._reshape_alias.default
 
 
-def _fast_view(op):
-    """view/_unsafe_view of a contiguous tensor: new contiguous strides, no meta detour."""
-    slow = view_kernel(op)
-
-    def kernel(self, size):
-        if self.is_contiguous():
-            size = _infer_size(size, self.numel(), "view")
-            return tensors.alias(self, size, geometry.contiguous_strides(size), self.storage_offset())
-        return slow(self, size)
-
-    return kernel
+def view(self, size):
+    return _view.redispatch(tensors.META, self, size)
 
 
 def _reshape_alias(self, size, stride):
-    return tensors.alias(self, size, stride, self.storage_offset())
+    return _reshape_alias_op.redispatch(tensors.META, self, size, stride)
 
 
 # --- view fast paths --------------------------------------------------------
@@ -448,8 +432,7 @@ def register_runtime() -> None:
     _impl("set_.source_Tensor", set_source_tensor)
     _impl("set_.source_Storage", set_source_storage)
     _impl("set_.source_Storage_storage_offset", set_source_storage_offset)
-    _impl("view", _fast_view(overload("view")))
-    _impl("_unsafe_view", _fast_view(overload("_unsafe_view")))
+    _impl("view", view)
     _impl("_reshape_alias", _reshape_alias)
     for name, fast in _FAST_VIEWS.items():
         _impl(name, _fast_view_op(name, fast))

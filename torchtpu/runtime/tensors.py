@@ -9,9 +9,10 @@ from . import storage
 from .jaxenv import to_jax_dtype
 
 _create = torch._C._acc.create_empty_tensor
-# Meta, not CPU: the CPU kernel would resize the zero-byte storage through a meta
+# Geometry kernels run as Meta's: device-agnostic C++ that keeps the tensor's own keys and
+# storage. Meta, not CPU: the CPU set_ would resize the zero-byte storage through a meta
 # allocator and turn the storage into a meta one; the Meta kernel only grows nbytes.
-_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 
 
@@ -26,7 +27,7 @@ def empty(shape, dtype: torch.dtype, buf=None) -> torch.Tensor:
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
     out = _create((0,), dtype or base.dtype)
-    _set_storage.redispatch(_CPU, out, base.untyped_storage(), offset, list(shape), list(stride))
+    _set_storage.redispatch(META, out, base.untyped_storage(), offset, list(shape), list(stride))
     if out.is_complex() and base.is_complex():
         # lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them
         if base.is_conj():
@@ -37,4 +38,4 @@ def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | N
 
 
 def set_geometry(t: torch.Tensor, storage_obj, shape, stride, offset: int) -> None:
-    _set_storage.redispatch(_CPU, t, storage_obj, offset, list(shape), list(stride))
+    _set_storage.redispatch(META, t, storage_obj, offset, list(shape), list(stride))
