@@ -102,9 +102,15 @@ def test_ddp_matches_single_process_cpu(job):
         assert (r["ddp_fused"] > 0) == (r["mode"] == "defer_and_fuse"), r["ddp_fused"]
 
 
+# The failure tests below check the per-collective (strict-mode) error paths, so their
+# jobs run in strict mode whatever mode the suite runs in; defer_and_fuse's own path (the
+# ranks compare a region's collectives before it runs) has its test after them.
+STRICT = {"TORCHTPU_EAGER_MODE": "strict"}
+
+
 def test_dead_rank_fails_fast_naming_the_collective():
     timeout = 20
-    procs = _launch("die", str(timeout), timeout=120)
+    procs = _launch("die", str(timeout), timeout=120, env_extra=STRICT)
     (rc0, so0, se0, end0), (rc1, so1, _, _) = procs
     assert rc1 == 7, so1  # the rank that was killed
     assert rc0 != 0, so0
@@ -129,7 +135,7 @@ def test_dead_rank_fails_fast_naming_the_collective():
 ])
 def test_mismatched_collectives_fail_naming_both(variant, expect):
     t0 = time.monotonic()
-    procs = _launch("mismatch", variant, timeout=120)
+    procs = _launch("mismatch", variant, timeout=120, env_extra=STRICT)
     for rank, (rc, so, se, _) in enumerate(procs):
         err = _clean(se)
         assert rc != 0, (so, err[-3000:])
@@ -147,7 +153,7 @@ def test_rank_skipping_a_collective_times_out_naming_it():
     # rank 1 never issues the all-reduce: rank 0 waits the grace period, launches, and its
     # timeout error says what rank 1 last issued (nothing, here)
     t0 = time.monotonic()
-    (rc0, so0, se0, _), _ = _launch("mismatch", "skip", timeout=120)
+    (rc0, so0, se0, _), _ = _launch("mismatch", "skip", timeout=120, env_extra=STRICT)
     err = _clean(se0)
     assert rc0 != 0 and "finished" not in so0, (so0, err[-3000:])
     assert "torchtpu.distributed: collective ALLREDUCE (rank 0 of 2" in err, err[-3000:]
@@ -159,7 +165,7 @@ def test_rank_skipping_a_collective_times_out_naming_it():
 
 def test_mismatch_without_the_check_fails_within_timeout():
     # TORCHTPU_DIST_CHECK=0: only the watchdog's timeout (4 s) is left to catch it
-    procs = _launch("mismatch", "op", timeout=120, env_extra=dict(TORCHTPU_DIST_CHECK="0"))
+    procs = _launch("mismatch", "op", timeout=120, env_extra=dict(STRICT, TORCHTPU_DIST_CHECK="0"))
     for rank, (rc, so, se, _) in enumerate(procs):
         err = _clean(se)
         assert rc != 0, (so, err[-3000:])
@@ -168,6 +174,22 @@ def test_mismatch_without_the_check_fails_within_timeout():
         # the first to time out ends; its peer's collective then fails on the closed connection
         assert "timed out after 4.0 s" in err or "failed" in err
         assert "finished" not in so
+
+
+def test_mismatched_collectives_in_fused_regions_fail_naming_both():
+    # defer_and_fuse: each rank's collective is recorded into a region; the region check
+    # names both ranks' regions, then the region runs op by op and its collective's own
+    # check fails on every rank, naming both collectives
+    t0 = time.monotonic()
+    procs = _launch("mismatch", "op", timeout=120, env_extra={"TORCHTPU_EAGER_MODE": "defer_and_fuse"})
+    for rank, (rc, so, se, _) in enumerate(procs):
+        err = _clean(se)
+        assert rc != 0 and "finished" not in so, (so, err[-3000:])
+        assert "fused different regions around their collectives" in err, err[-3000:]
+        assert "rank 0 a fused region of 2 ops with ALLREDUCE" in err, err[-3000:]
+        assert "rank 1 a fused region of 2 ops with BROADCAST" in err, err[-3000:]
+        assert "rank 0 issued ALLREDUCE(sum) on [(4,):float32]; rank 1 issued BROADCAST(src 0)" in err, err[-3000:]
+    assert time.monotonic() - t0 < 30
 
 
 # ----------------------------------------------------------------------------- workers
