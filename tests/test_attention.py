@@ -110,3 +110,14 @@ def test_sdpa_with_a_growing_kv_cache_compiles_one_attention_per_length(no_fallb
     # per length: the cat and one attention (the math path compiled five ops per length)
     assert torchtpu.metrics()["compiles"] <= 2 * 6 + 1
 
+
+
+@pytest.mark.parametrize("ctx", [torch.inference_mode, torch.no_grad])
+def test_sdpa_is_fused_without_autograd_too(no_fallback, ctx):
+    q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+    ref = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+    with ctx():
+        torchtpu.reset_metrics()
+        out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), k.to("tpu"), is_causal=True)
+        torch.testing.assert_close(out.cpu(), ref, **F32)
+        assert _ops_run() == 1

@@ -86,7 +86,9 @@ def register_kernels() -> None:
         _impl(name, fn)
         SERVED.setdefault(name, None)
     for name, fn in AUTOGRAD_KERNELS.items():
+        # at PrivateUse1 too: under inference_mode the autograd keys are skipped
         _lib.impl(name, fn, "AutogradPrivateUse1")
+        _impl(name, fn)
         SERVED.setdefault(name, None)
 
 
