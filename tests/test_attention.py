@@ -121,3 +121,14 @@ def test_sdpa_is_fused_without_autograd_too(no_fallback, ctx):
         out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), k.to("tpu"), is_causal=True)
         torch.testing.assert_close(out.cpu(), ref, **F32)
         assert _ops_run() == 1
+
+
+def test_sdpa_mask_dtypes_follow_pytorchs_rules():
+    q = torch.randn(2, 4, 8, 16).to(torch.bfloat16)
+    tq = q.to("tpu")
+    m = torch.randn(8, 8)  # a float32 mask with a bf16 query: allowed (the composite)
+    ref = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+    torch.testing.assert_close(F.scaled_dot_product_attention(tq, tq, tq, attn_mask=m.to("tpu")).cpu(), ref, **LOW)
+    for bad in (m.half(), m.long()):
+        with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float"):
+            F.scaled_dot_product_attention(tq, tq, tq, attn_mask=bad.to("tpu"))

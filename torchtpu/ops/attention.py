@@ -107,8 +107,8 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> 
     if query.shape[1] != key.shape[1] or key.shape[1] != value.shape[1] or query.shape[-1] != key.shape[-1]:
         return False  # grouped-query heads (enable_gqa) and bad shapes: the composite
     if attn_mask is not None and (is_causal or attn_mask.requires_grad or attn_mask.dim() > 4
-                                  or attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point):
-        return False
+                                  or attn_mask.dtype not in (torch.bool, query.dtype)):
+        return False  # (a mask of another float dtype: the composite's rules, or its error)
     return True
 
 
