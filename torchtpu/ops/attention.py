@@ -18,21 +18,14 @@ import math
 import jax.numpy as jnp
 import torch
 
+from .nn import _opmath
 from .registry import autograd_kernel, lower
 
-_LOW = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
-
-def _acc(dtype):
-    # PyTorch's math path computes half-precision attention in float32
-    return jnp.float32 if jnp.dtype(dtype) in _LOW else dtype
-
-
-def _probs(q, k, is_causal, attn_mask, scale):
-    """Softmax(q k^T * scale + mask) in the accumulation dtype, its log-sum-exp, and the
-    scale used; rows every key is masked out of give probabilities 0 (PyTorch's
-    _safe_softmax) and a log-sum-exp of -inf."""
-    acc = _acc(q.dtype)
+def _scores(q, k, is_causal, attn_mask, scale):
+    """q k^T * scale with the masks applied (masked: -inf), in PyTorch's opmath dtype
+    (float32 for half precision, as its math path), and the scale used."""
+    acc = _opmath(q.dtype)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = jnp.einsum("...le,...se->...ls", q.astype(acc), k.astype(acc)) * jnp.asarray(s, acc)
     L, S = scores.shape[-2], scores.shape[-1]
@@ -45,13 +38,14 @@ def _probs(q, k, is_causal, attn_mask, scale):
             scores = jnp.where(attn_mask, scores, neg)
         else:
             scores = scores + attn_mask.astype(acc)
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, jnp.zeros((), acc))
-    e = jnp.exp(scores - m)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    p = jnp.where(total > 0, e / jnp.where(total > 0, total, 1), jnp.zeros((), acc))
-    lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total > 0, total, 1))[..., 0] + m[..., 0], neg)
-    return p, lse, s
+    return scores, s
+
+
+def _probs_from_lse(scores, lse):
+    """exp(scores - logsumexp); rows every key is masked out of (lse -inf) give 0, as
+    PyTorch's _safe_softmax."""
+    finite = jnp.isfinite(lse)[..., None]
+    return jnp.where(finite, jnp.exp(scores - jnp.where(finite, lse[..., None], 0)), 0).astype(scores.dtype)
 
 
 def _check(q, k, v, dropout_p):
@@ -70,7 +64,15 @@ def _check(q, k, v, dropout_p):
 @lower("_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _check(query, key, value, dropout_p)
-    p, lse, _ = _probs(query, key, is_causal, attn_mask, scale)
+    scores, _ = _scores(query, key, is_causal, attn_mask, scale)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(scores - m)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    seen = total > 0  # rows every key is masked out of: probabilities 0, log-sum-exp -inf
+    safe = jnp.where(seen, total, 1)
+    p = jnp.where(seen, e / safe, 0).astype(scores.dtype)
+    lse = jnp.where(seen, jnp.log(safe) + m, -jnp.inf)[..., 0]
     out = jnp.einsum("...ls,...se->...le", p, value.astype(p.dtype))
     return out.astype(query.dtype), lse.astype(jnp.float32)
 
@@ -79,7 +81,9 @@ def sdpa_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask
 def sdpa_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
                   scale=None):
     _check(query, key, value, dropout_p)
-    p, _, s = _probs(query, key, is_causal, attn_mask, scale)
+    scores, s = _scores(query, key, is_causal, attn_mask, scale)
+    # the forward's probabilities again, from its log-sum-exp (no second max and sum)
+    p = _probs_from_lse(scores, logsumexp.astype(scores.dtype))
     acc = p.dtype
     g = grad_out.astype(acc)
     dv = jnp.einsum("...ls,...le->...se", p, g)
@@ -96,7 +100,7 @@ _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
-def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+def _fusable(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if any(type(t) is not torch.Tensor for t in tensors):
         return False  # fake/functional tensors of a torch.compile trace, DTensor, ...
@@ -115,7 +119,7 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> 
 @autograd_kernel("scaled_dot_product_attention")
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
-    if not _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    if not _fusable(query, key, value, attn_mask, dropout_p, is_causal):
         return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
     return _fused(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
