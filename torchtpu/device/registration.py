@@ -37,7 +37,9 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
-    from . import storage_api, tied
+    from . import autocast, storage_api, tied
+
+    autocast.install()
 
     tied.install()
     storage_api.install()

@@ -1,5 +1,6 @@
 """ATen -> JAX lowerings, one module per op family. Importing this fills the table."""
 from . import (  # noqa: F401
+    amp,
     attention,
     factories,
     fft,
