@@ -134,6 +134,20 @@ def platform() -> str:
     return _jaxenv.platform()
 
 
+def jax_op(name: str, fn=None, *, num_outputs: "int | None" = None, interpret=None, probe: bool = True):
+    """Register the jittable JAX function `fn` as the torch.library custom op `name`
+    ("namespace::op"); returns the op (callable; also torch.ops.namespace.op). Tensor
+    arguments arrive as JAX arrays, numbers/bools/strings/tuples as static values; one array
+    or a tuple comes back. Gradients are the JAX vjp of `fn`. On XLA:CPU Pallas kernels run
+    in interpret mode (interpret=None); pass interpret=False/True to choose. Without `fn`,
+    a decorator. See README "Custom kernels"."""
+    from .kernels import jax_op as _register
+
+    if fn is None:
+        return lambda f: _register(name, f, num_outputs=num_outputs, interpret=interpret, probe=probe)
+    return _register(name, fn, num_outputs=num_outputs, interpret=interpret, probe=probe)
+
+
 def lowered_ops() -> list[str]:
     """ATen overloads with a native tpu kernel (lowerings and their generated variants)."""
     return sorted(_kernels.SERVED)
@@ -150,6 +164,7 @@ __all__ = [
     "fallback_enabled",
     "platform",
     "lowered_ops",
+    "jax_op",
     "compile_cache_dir",
     "dump_stablehlo",
     "set_collectives",

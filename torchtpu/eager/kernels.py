@@ -13,7 +13,7 @@ import math
 import torch
 
 from .. import metrics
-from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, overload, variants_of
+from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import fallback
@@ -21,6 +21,7 @@ from .executor import execute
 
 _lib = torch.library.Library("aten", "IMPL")
 _fallback_lib = torch.library.Library("_", "IMPL")
+_libs: dict[str, torch.library.Library] = {"aten": _lib}  # a custom op's namespace -> its IMPL library
 _registered: set[str] = set()
 SERVED: dict[str, Lowering] = {}
 
@@ -28,7 +29,14 @@ SERVED: dict[str, Lowering] = {}
 def _impl(name: str, fn) -> None:
     if name in _registered:
         return
-    _lib.impl(name, fn, "PrivateUse1")
+    ns, _, op = name.rpartition("::")
+    if ns:  # "mylib::swiglu": a custom op (torchtpu.jax_op) in its own namespace
+        lib = _libs.get(ns)
+        if lib is None:
+            lib = _libs[ns] = torch.library.Library(ns, "IMPL")
+        lib.impl(op, fn, "PrivateUse1")
+    else:
+        _lib.impl(name, fn, "PrivateUse1")
     _registered.add(name)
 
 
@@ -61,24 +69,38 @@ def _out_kernel(low: Lowering):
     return kernel
 
 
+def _serve(low: Lowering) -> None:
+    name = low.name
+    if name in _registered:
+        return
+    _impl(name, _out_kernel(low) if low.mode == "out" else _functional_kernel(low))
+    SERVED[name] = low
+    if low.mode != "functional" or not low.extra.get("variants", True):
+        return
+    for var in variants_of(low):
+        if var.name in LOWERINGS or var.name in SERVED:
+            continue
+        SERVED[var.name] = var
+        if var.name in _registered:  # a hand-written runtime kernel (copy_) serves it
+            continue
+        if var.mode == "inplace":
+            _impl(var.name, _functional_kernel(var))
+        else:
+            _impl(var.name, _out_kernel(var))
+
+
+_subscribed = False
+
+
 def register_lowerings() -> None:
-    for name, low in list(LOWERINGS.items()):
-        if name in _registered:
-            continue
-        _impl(name, _out_kernel(low) if low.mode == "out" else _functional_kernel(low))
-        SERVED[name] = low
-        if low.mode != "functional" or not low.extra.get("variants", True):
-            continue
-        for var in variants_of(low):
-            if var.name in LOWERINGS or var.name in SERVED:
-                continue
-            SERVED[var.name] = var
-            if var.name in _registered:  # a hand-written runtime kernel (copy_) serves it
-                continue
-            if var.mode == "inplace":
-                _impl(var.name, _functional_kernel(var))
-            else:
-                _impl(var.name, _out_kernel(var))
+    """Serve every lowering in the table, and from now on each one registered later (a
+    `@lower` in a module imported after torchtpu, a torchtpu.jax_op) as it is registered."""
+    global _subscribed
+    for low in list(LOWERINGS.values()):
+        _serve(low)
+    if not _subscribed:
+        _subscribed = True
+        on_lowering(_serve)
 
 
 def register_kernels() -> None:

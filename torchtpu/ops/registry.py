@@ -58,6 +58,15 @@ class Lowering:
 
 LOWERINGS: dict[str, Lowering] = {}
 
+# Called with each lowering registered after the executors took the table (a user's
+# jax_op, a late `@lower`): the eager layer subscribes to serve it as it serves the rest.
+_listeners: list[Callable[[Lowering], None]] = []
+
+
+def on_lowering(listener: Callable[[Lowering], None]) -> None:
+    """Call `listener(low)` for every lowering registered from now on."""
+    _listeners.append(listener)
+
 
 def _kind(arg) -> str:
     # Decide by the JIT type's class: str() of these types differs across torch versions
@@ -81,8 +90,10 @@ def _kind(arg) -> str:
 
 
 def overload(name: str) -> torch._ops.OpOverload:
-    base, _, ov = name.partition(".")
-    packet = getattr(torch.ops.aten, base)
+    """The overload named "add.Tensor" (aten) or "mylib::swiglu" (a custom op's namespace)."""
+    ns, _, rest = name.rpartition("::")
+    base, _, ov = rest.partition(".")
+    packet = getattr(getattr(torch.ops, ns) if ns else torch.ops.aten, base)
     return getattr(packet, ov or "default")
 
 
@@ -153,6 +164,8 @@ def lower(
                 # an in-place overload with no functional twin (normal_, random_)
                 low.mode, low.mutated = "inplace", (mutable[0].name,)
             LOWERINGS[name] = low
+            for listener in _listeners:
+                listener(low)
         return fn
 
     return deco
@@ -203,7 +216,9 @@ def _signature(op: torch._ops.OpOverload, drop_out: bool) -> list[tuple[str, str
 
 def variants_of(low: Lowering) -> list[Lowering]:
     """The in-place and out= overloads whose schema matches a functional lowering."""
-    base = low.overload._schema.name.split("::")[1]
+    ns, base = low.overload._schema.name.split("::")
+    if ns != "aten":
+        return []  # a custom op's namespace has no generated in-place/out= overloads
     found = []
     target = _signature(low.overload, False)
     # in-place: same arguments, self mutable, in the `name_` packet

@@ -1,0 +1,274 @@
+"""torchtpu.jax_op: JAX functions and Pallas kernels as torch ops, in every execution path,
+checked against the same math written as PyTorch ops on CPU."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu.eager import deferred
+
+_ids = itertools.count()
+
+
+def _name(base):
+    """A fresh op name per registration: a name can be registered once per process."""
+    return f"jaxop_test::{base}_{next(_ids)}"
+
+
+def _swiglu(x, w):
+    a, b = jnp.split(x @ w, 2, axis=-1)
+    return jax.nn.silu(a) * b
+
+
+def _swiglu_torch(x, w):
+    a, b = (x @ w).chunk(2, -1)
+    return F.silu(a) * b
+
+
+SWIGLU = torchtpu.jax_op("jaxop_test::swiglu", _swiglu)
+
+
+def _inputs():
+    return torch.randn(4, 8), torch.randn(8, 6)
+
+
+def _check_fwd_bwd(fn, ref, *inputs):
+    dev = [t.to("tpu").requires_grad_() for t in inputs]
+    cpu = [t.clone().requires_grad_() for t in inputs]
+    y = fn(*dev)
+    yc = ref(*cpu)
+    assert y.device.type == "tpu" and y.dtype == yc.dtype and y.shape == yc.shape
+    _close(y.cpu(), yc.detach())
+    (y * y).sum().backward()
+    (yc * yc).sum().backward()
+    for d, c in zip(dev, cpu):
+        _close(d.grad.cpu(), c.grad)
+
+
+def _close(a, b):
+    """float32 1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * max(1.0, b.abs().max().item()))
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_forward_and_gradients_match_pytorch(mode, no_fallback):
+    torchtpu.reset_metrics()
+    with torchtpu.eager_mode(mode):
+        _check_fwd_bwd(SWIGLU, _swiglu_torch, *_inputs())
+        _check_fwd_bwd(torch.ops.jaxop_test.swiglu, _swiglu_torch, *_inputs())
+    assert torchtpu.metrics()["cpu_fallbacks"] == 0
+
+
+def test_strict_compiles_once_per_signature():
+    x, w = (t.to("tpu") for t in _inputs())
+    SWIGLU(x, w)
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for _ in range(3):
+        SWIGLU(x, w)
+    torch.tpu.synchronize()
+    m = torchtpu.metrics()
+    assert m["compiles"] == 0 and m["cache_hits"] == 3
+
+
+def test_defer_and_fuse_region_with_the_op_is_one_executable(no_fallback):
+    x, w = _inputs()
+    with torchtpu.eager_mode("defer_and_fuse"):
+        xt, wt = x.to("tpu"), w.to("tpu")
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        y = (SWIGLU(xt * 2, wt) + 1).relu().sum(0)
+        assert deferred.pending_count() >= 4  # recorded, not run
+        out = y.cpu()
+    m = torchtpu.metrics()
+    assert m["regions_executed"] == 1 and m["region_compiles"] == 1 and m["executions"] == 1
+    torch.testing.assert_close(out, (_swiglu_torch(x * 2, w) + 1).relu().sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_fullgraph_inlines_the_op(no_fallback):
+    torch._dynamo.reset()
+    seen = []
+
+    def f(x, w):
+        return SWIGLU(x * 2, w) * 0.5 + 1
+
+    def ref(x, w):
+        return _swiglu_torch(x * 2, w) * 0.5 + 1
+
+    from torch._dynamo.backends.registry import lookup_backend
+
+    tpu_backend = lookup_backend("tpu")
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return tpu_backend(gm, example_inputs)
+
+    torchtpu.reset_metrics()
+    _check_fwd_bwd(torch.compile(f, backend="tpu", fullgraph=True), ref, *_inputs())
+    torch._dynamo.reset()
+    torch.compile(f, backend=spy, fullgraph=True)(*(t.to("tpu") for t in _inputs()))
+    assert any("jaxop_test.swiglu" in s for s in seen)
+    m = torchtpu.metrics()
+    assert m["cpu_fallbacks"] == 0 and m["compile_graphs"] >= 2  # forward and backward programs
+
+
+def test_opcheck_passes():
+    """PyTorch's opcheck, its default test utils. test_autograd_registration refuses every
+    device but CPU/CUDA/XPU (NotImplementedError in PyTorch), so on tpu tensors it runs the
+    other defaults; on CPU tensors (the same op through JAX on the host) all of them."""
+    from torch.library import opcheck
+    from torch.testing._internal.optests.generate_tests import DEFAULT_TEST_UTILS
+
+    on_tpu = [u for u in DEFAULT_TEST_UTILS if u != "test_autograd_registration"]
+    x, w = (t.to("tpu").requires_grad_() for t in _inputs())
+    opcheck(SWIGLU, (x, w), test_utils=on_tpu)
+    opcheck(SWIGLU, tuple(t.requires_grad_() for t in _inputs()))
+
+
+def test_static_arguments_tuple_output_and_integer_output_without_gradient():
+    name = _name("norm_argmax")
+
+    @torchtpu.jax_op(name)
+    def norm_argmax(x: jax.Array, eps: float = 1e-6, axes: tuple[int, ...] = (-1,)) -> tuple[jax.Array, jax.Array]:
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
+        return y, jnp.argmax(x, axis=-1)
+
+    x = torch.randn(3, 5)
+    xt = x.to("tpu").requires_grad_()
+    y, idx = norm_argmax(xt, eps=1e-5)
+    ref = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(y.cpu(), ref, rtol=1e-5, atol=1e-5)
+    assert idx.dtype == torch.int64 and not idx.requires_grad
+    assert torch.equal(idx.cpu(), x.argmax(-1))
+    y.sum().backward()
+    xc = x.clone().requires_grad_()
+    (xc * torch.rsqrt((xc * xc).mean(-1, keepdim=True) + 1e-5)).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+    # the same op on CPU tensors runs the same function through JAX on the host
+    yc, ic = norm_argmax(x, eps=1e-5)
+    assert yc.device.type == "cpu"
+    torch.testing.assert_close(yc, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_list_and_optional_arguments():
+    name = _name("weighted_sum")
+
+    def weighted_sum(xs: list[jax.Array], scale: jax.Array | None = None) -> jax.Array:
+        out = sum(xs)
+        return out if scale is None else out * scale
+
+    op = torchtpu.jax_op(name, weighted_sum)
+    a, b, s = torch.randn(3), torch.randn(3), torch.randn(3)
+    at, bt, st = (t.to("tpu").requires_grad_() for t in (a, b, s))
+    torch.testing.assert_close(op([at, bt]).cpu(), a + b)
+    y = op([at, bt], st)
+    torch.testing.assert_close(y.cpu(), (a + b) * s)
+    y.sum().backward()
+    torch.testing.assert_close(at.grad.cpu(), s)
+    torch.testing.assert_close(st.grad.cpu(), a + b)
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_wrong_shape_or_dtype_raises_naming_the_op_at_the_call(mode):
+    def lax_add(x, y):
+        return jax.lax.add(x, y)  # lax wants equal dtypes and shapes
+
+    name = _name("lax_add")
+    op = torchtpu.jax_op(name, lax_add)
+    with torchtpu.eager_mode(mode):
+        with pytest.raises(RuntimeError, match=r"(?s)jaxop_test::swiglu.*\(4, 8\).*\(5, 6\)"):
+            SWIGLU(torch.randn(4, 8, device="tpu"), torch.randn(5, 6, device="tpu"))
+        with pytest.raises(RuntimeError, match=rf"(?s){name}.*float32.*float64"):
+            op(torch.randn(3, device="tpu"), torch.randn(3, device="tpu", dtype=torch.float64))
+        with pytest.raises(RuntimeError, match=__file__.replace(".", r"\.")):
+            op(torch.randn(3, device="tpu"), torch.randn(4, device="tpu"))
+
+
+def test_registration_errors():
+    with pytest.raises(RuntimeError, match="already registered"):
+        torchtpu.jax_op("jaxop_test::swiglu", _swiglu)
+    with pytest.raises(TypeError, match="not jittable"):
+        torchtpu.jax_op(_name("numpy"), lambda x: jnp.asarray(np.asarray(x) + 1))
+    with pytest.raises(TypeError, match="not jittable"):
+        torchtpu.jax_op(_name("branch"), lambda x: x if x.sum() > 0 else -x)
+    with pytest.raises(TypeError, match="not callable"):
+        torchtpu.jax_op(_name("nothing"), 3)
+    with pytest.raises(TypeError, match=r"\*args"):
+        torchtpu.jax_op(_name("varargs"), lambda *xs: xs[0])
+    with pytest.raises(ValueError, match="namespace::op"):
+        torchtpu.jax_op("no_namespace", _swiglu)
+
+
+def test_late_lowering_reaches_the_eager_dispatcher(no_fallback):
+    """A @lower registered after import serves its op at once (it used to reach only
+    torch.compile, while eager calls took the CPU fallback)."""
+    from torchtpu.ops import registry
+
+    name = _name("late")
+    torch.library.define(name, "(Tensor x) -> Tensor")
+    registry.lower(name, variants=False)(lambda x: x * 3 + 1)
+    ns, op = name.split("::")
+    x = torch.randn(5)
+    torch.testing.assert_close(getattr(getattr(torch.ops, ns), op)(x.to("tpu")).cpu(), x * 3 + 1)
+
+
+# --- Pallas -------------------------------------------------------------------------------
+
+
+def _pallas_matmul(a, b):
+    from jax.experimental import pallas as pl
+
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32))(a, b)
+
+
+@jax.custom_vjp
+def _pallas_linear(x, w):
+    return _pallas_matmul(x, w.T)
+
+
+def _pallas_linear_fwd(x, w):
+    return _pallas_linear(x, w), (x, w)
+
+
+def _pallas_linear_bwd(res, g):
+    x, w = res
+    return _pallas_matmul(g, w), _pallas_matmul(g.T, x)  # Pallas kernels in backward too
+
+
+_pallas_linear.defvjp(_pallas_linear_fwd, _pallas_linear_bwd)
+PALLAS_LINEAR = torchtpu.jax_op("jaxop_test::pallas_linear", _pallas_linear)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_pallas_kernel_with_custom_vjp_trains_like_the_pytorch_layer(mode, no_fallback):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(6, 3, bias=False)
+    w = torch.nn.Parameter(ref.weight.detach().to("tpu"))
+    xs = [torch.randn(8, 6) for _ in range(20)]
+    target = torch.randn(3, 6)
+    ys = [x @ target.T for x in xs]
+    opt = torch.optim.SGD([w], lr=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    losses, losses_ref = [], []
+    with torchtpu.eager_mode(mode):
+        for x, y in zip(xs, ys):
+            loss = F.mse_loss(PALLAS_LINEAR(x.to("tpu"), w), y.to("tpu"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            loss_ref = F.mse_loss(ref(x), y)
+            opt_ref.zero_grad()
+            loss_ref.backward()
+            opt_ref.step()
+            losses_ref.append(loss_ref.item())
+    np.testing.assert_allclose(losses, losses_ref, rtol=1e-5)
+    assert losses[-1] < losses[0]
