@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..metrics import bump
-from ..runtime import donation, geometry, rng, storage, tensors, transfer
+from ..runtime import donation, geometry, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from . import collectives
 from . import graph as _graph
@@ -207,7 +207,8 @@ class CompiledGraph:
             host_outs = dict(zip(host.outputs, got[n:]))
             sig = sig + (layout,)
         donate = self._donatable(sig, bufs, entries) if self.program.mutated_inputs else ()
-        key = (sig, donate)
+        precision.sync()
+        key = (sig, donate, precision.current())  # a new matmul precision compiles anew
         got = self._jits.get(key)
         if got is None:
             with self._lock:

@@ -21,7 +21,7 @@ import torch
 from .. import metrics
 from ..ops import registry
 from ..ops.registry import Lowering
-from ..runtime import donation, geometry, rng, storage, tensors
+from ..runtime import donation, geometry, precision, rng, storage, tensors
 from . import deferred, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
@@ -393,7 +393,12 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat) -> BaseException
     return RuntimeError(f"{_describe(low, flat)}: {type(err).__name__}: {err}{at}")
 
 
+def _flush_for_precision():
+    deferred.flush("matmul precision changed")
+
+
 def execute(low: Lowering, args, kwargs):
+    precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
     flat, pos, kw = _flatten(low, args, kwargs)
     entries = flat.entries
     store_specs = tuple([(e.numel, e.dtype) for e in entries])

@@ -482,7 +482,7 @@ def foreach_mm(self, mat2):
             raise RuntimeError(
                 f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}"
             )
-        out.append(jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST).astype(a.dtype))
+        out.append(jnp.matmul(a, b).astype(a.dtype))
     return out
 
 
