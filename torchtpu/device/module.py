@@ -5,7 +5,8 @@ import contextlib
 
 import torch
 
-from ..runtime import jaxenv, rng, storage
+from ..runtime import rng
+from . import memory
 
 
 def is_available() -> bool:
@@ -41,21 +42,45 @@ def device(device):  # noqa: F811 - mirrors torch.cuda.device
     yield
 
 
+def _check(device) -> None:
+    if device is None or isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device)
+        if d.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {d}")
+        idx = d.index
+    if idx not in (None, 0, -1):
+        raise AssertionError(f"Invalid device id {idx}: this process drives tpu:0 (device_count() == 1)")
+
+
 def get_device_name(device=None) -> str:
-    d = jaxenv.device()
-    return f"{d.platform}:{d.device_kind}"
+    """The XLA device behind "tpu": its kind on TPU/GPU ("TPU v5 lite"), "XLA:CPU (<model>)" on the host."""
+    _check(device)
+    return memory.device_name()
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    """(major, minor): the TPU generation, a GPU's compute capability, (0, 0) on XLA:CPU."""
+    _check(device)
+    return memory.device_capability()
+
+
+def get_device_properties(device=None) -> memory.DeviceProperties:
+    """name, platform, device_kind, total_memory, major, minor, multi_processor_count."""
+    _check(device)
+    return memory.DeviceProperties()
 
 
 def synchronize(device=None) -> None:
-    """Materialize deferred work, then block until every queued computation has finished."""
+    """Wait for every computation dispatched so far, whether or not its results are still
+    held (deferred work is materialized first)."""
     from ..eager import deferred
-    from ..runtime.storage import _table
+    from ..runtime import inflight
 
+    _check(device)
     deferred.flush("synchronize")
-    for entry in list(_table.values()):
-        buf = entry.buf
-        if hasattr(buf, "block_until_ready"):
-            buf.block_until_ready()
+    inflight.wait_all()
 
 
 def manual_seed(seed: int) -> None:
@@ -98,23 +123,50 @@ def set_rng_state_all(new_states) -> None:
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live device buffers (storages still referenced by a tensor)."""
-    return storage.memory_allocated()
+    _check(device)
+    return memory.memory_allocated()
 
 
 def max_memory_allocated(device=None) -> int:
-    return storage.max_memory_allocated()
+    _check(device)
+    return memory.max_memory_allocated()
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes PJRT holds for this process (equals memory_allocated() on XLA:CPU)."""
+    _check(device)
+    return memory.memory_reserved()
+
+
+def max_memory_reserved(device=None) -> int:
+    _check(device)
+    return memory.max_memory_reserved()
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    storage.reset_peak_memory_stats()
+    _check(device)
+    memory.reset_peak_memory_stats()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
 
 
 def memory_stats(device=None) -> dict:
-    return {
-        "allocated_bytes.all.current": storage.memory_allocated(),
-        "allocated_bytes.all.peak": storage.max_memory_allocated(),
-        "live_buffers": storage.live_buffers(),
-    }
+    """torch.cuda.memory_stats()'s keys where meaningful (allocated/active/reserved bytes)."""
+    _check(device)
+    return memory.memory_stats()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    _check(device)
+    return memory.memory_summary(abbreviated)
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of device memory (host RAM on XLA:CPU)."""
+    _check(device)
+    return memory.mem_get_info()
 
 
 def empty_cache() -> None:

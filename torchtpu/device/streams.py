@@ -5,7 +5,8 @@ FSDP2 (fully_shard) asks the device module for `Stream(priority=)`, `Event()`,
 all-gather, reduce-scatter and compute streams. torchtpu has one stream per
 device: every op is dispatched in program order and ordered by data dependence,
 so a stream is torch's generic `torch.Stream` on "tpu" (the device guard's
-stream id 0), waits are no-ops, and synchronizing an event drains the device.
+stream id 0), waits are no-ops, and synchronizing a stream drains the device.
+Events (timing included) are in events.py.
 """
 from __future__ import annotations
 
@@ -13,24 +14,7 @@ import contextlib
 
 import torch
 
-class Event(torch.Event):
-    """torch.Event on "tpu"; synchronize() blocks until the queued work has finished."""
-
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
-
-    def __init__(self, *args, **kwargs):  # the torch.Event constructor did the work
-        pass
-
-    def synchronize(self) -> None:
-        torch.tpu.synchronize()
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
+from .events import TpuEvent as Event  # noqa: E402  (torch.tpu.Event, timing included)
 
 
 class Stream(torch.Stream):
@@ -40,6 +24,26 @@ class Stream(torch.Stream):
         return super().__new__(cls, device="tpu", priority=priority)
 
     def __init__(self, *args, **kwargs):
+        pass
+
+    def synchronize(self) -> None:
+        """Wait for all work dispatched so far (the one stream is the whole device)."""
+        torch.tpu.synchronize()
+
+    def query(self) -> bool:
+        from ..runtime import inflight
+
+        return not inflight.pending()
+
+    def record_event(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event) -> None:
+        pass  # one stream: already ordered
+
+    def wait_stream(self, stream) -> None:
         pass
 
 

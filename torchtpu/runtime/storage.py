@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import jaxenv
+from . import inflight, jaxenv
 
 
 class Entry:
@@ -41,6 +41,7 @@ def _release(key: int, entry: Entry) -> None:
             del _table[key]
         _stats["allocated"] -= entry.nbytes
     entry.watch = None
+    inflight.retire(entry.buf)  # synchronize still waits for its program if it runs
 
 
 def _account(nbytes: int) -> None:

@@ -1,0 +1,151 @@
+"""torch.tpu / torch.accelerator / torch.Event behave as torch.cuda's do (issue 15).
+
+Where CPU PyTorch has the same API (torch.accelerator on a CPU-only build, torch.Event on
+"cpu"), the tpu result is compared with it; the rest follows torch.cuda's documented
+contract (return types, key names, exception classes)."""
+import collections
+import time
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.runtime import inflight, storage
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def mode(request):
+    with torchtpu.eager_mode(request.param):
+        yield request.param
+
+
+def _dispatch(t: torch.Tensor):
+    """The device array behind `t`, its program dispatched but not waited for."""
+    from torchtpu.eager import deferred
+
+    deferred.flush("test")
+    return storage.lookup(t).buf
+
+
+def _slow_product(n=900):
+    a = torch.randn(n, n, device="tpu")
+    (a @ a @ a).sum().item()  # compile both programs first
+    torch.tpu.synchronize()
+    return a
+
+
+@pytest.mark.parametrize("sync", ["tpu", "accelerator", "stream"])
+def test_synchronize_waits_for_dropped_results(mode, sync):
+    a = _slow_product()
+    y = a @ a @ a @ a
+    arr = _dispatch(y)
+    del y  # nobody holds the result any more; its program may still be running
+    if arr.is_ready():
+        pytest.skip("the device finished before the result was dropped")
+    assert inflight.parked() >= 1
+    {"tpu": torch.tpu.synchronize, "accelerator": torch.accelerator.synchronize,
+     "stream": lambda: torch.tpu.current_stream().synchronize()}[sync]()
+    assert arr.is_ready()
+    assert inflight.parked() == 0
+
+
+def test_event_elapsed_time_measures_device_completion(mode):
+    a = _slow_product()
+    start, end = torch.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    assert start.device == torch.device("tpu") and isinstance(end, torch.Event)
+    t0 = time.perf_counter()
+    start.record()
+    y = a @ a @ a @ a
+    end.record()
+    dispatched = time.perf_counter() - t0
+    arr = _dispatch(y)
+    end.synchronize()
+    assert arr.is_ready() and end.query() and start.query()
+    ms = start.elapsed_time(end)
+    ran = time.perf_counter() - t0
+    assert isinstance(ms, float)
+    # the host only dispatched; the event saw the device finish the three matmuls
+    assert ms / 1000 > dispatched
+    assert 0.5 * ran <= ms / 1000 <= ran + 0.05
+
+
+def test_event_errors_and_untimed_events():
+    e, f = torch.Event(device="tpu"), torch.Event(device="tpu")
+    assert e.query()  # nothing recorded: complete, as on CUDA
+    e.record()
+    f.record()
+    e.wait()
+    f.synchronize()
+    with pytest.raises(ValueError, match="enable_timing"):
+        e.elapsed_time(f)
+    s, t = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="recorded"):
+        s.elapsed_time(t)
+    # other devices keep PyTorch's own events, errors included
+    c = torch.Event(device="cpu")
+    with pytest.raises(RuntimeError):
+        c.record()
+
+
+def test_stream_api_shape():
+    s = torch.tpu.current_stream()
+    assert s.device == torch.device("tpu", 0) and s == torch.tpu.default_stream()
+    with torch.tpu.stream(torch.tpu.Stream()) as inner:
+        x = torch.ones(3, device="tpu") * 2
+        ev = inner.record_event()
+    torch.tpu.current_stream().wait_event(ev)
+    torch.tpu.current_stream().wait_stream(inner)
+    ev.synchronize()
+    assert ev.query() and s.query()
+    assert torch.accelerator.current_stream().device_type == s.device_type
+    torch.testing.assert_close(x.cpu(), torch.full((3,), 2.0))
+
+
+def test_memory_api(mode):
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    x = torch.ones(1024, 256, device="tpu")
+    x.sum().item()
+    assert torch.tpu.memory_allocated() - base == x.nbytes
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.tpu.max_memory_allocated() >= base + x.nbytes
+    assert torch.accelerator.max_memory_allocated() == torch.tpu.max_memory_allocated()
+    assert torch.tpu.memory_reserved() >= torch.tpu.memory_allocated()
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    assert torch.accelerator.memory_reserved() >= torch.accelerator.memory_allocated()
+    stats = torch.tpu.memory_stats()
+    assert isinstance(stats, collections.OrderedDict)
+    assert stats == torch.accelerator.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                "reserved_bytes.all.peak", "active_bytes.all.current", "num_ooms"):
+        assert isinstance(stats[key], int), key
+    del x
+    assert torch.tpu.memory_allocated() == base
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == base
+    torch.tpu.empty_cache()
+    torch.accelerator.empty_cache()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    assert torch.accelerator.get_memory_info()[1] == total
+    summary = torch.tpu.memory_summary()
+    assert "Allocated memory" in summary and isinstance(summary, str)
+
+
+def test_device_queries():
+    name = torch.tpu.get_device_name()
+    assert name != "cpu:cpu" and (name.startswith("XLA:") or torchtpu.platform() != "cpu")
+    assert torch.tpu.get_device_name(0) == torch.tpu.get_device_name("tpu:0") == name
+    props = torch.tpu.get_device_properties()
+    assert props.name == name and props.platform == torchtpu.platform()
+    assert props.total_memory > 0 and props.multi_processor_count >= 1
+    cap = torch.tpu.get_device_capability()
+    assert isinstance(cap, tuple) and len(cap) == 2 and (props.major, props.minor) == cap
+    assert torch.float32 in torch.accelerator.get_device_capability()["supported_dtypes"]
+    assert torch.accelerator.current_device_index() == 0
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    with pytest.raises(ValueError):
+        torch.tpu.get_device_properties("cpu")
+    with pytest.raises(AssertionError):
+        torch.tpu.get_device_name(3)

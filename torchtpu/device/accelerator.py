@@ -1,0 +1,60 @@
+"""torch.accelerator on "tpu".
+
+torch.accelerator's functions call C++ (`torch._C._accelerator_*`), which reaches
+the device through a C++ DeviceGuardImpl and a C++ DeviceAllocator; a Python
+backend has neither, so for PrivateUse1 they raise ("Backend doesn't support
+synchronizing all streams", "Allocator for tpu is not a DeviceAllocator").
+`install()` routes each of them to torch.tpu when the device it is asked about is
+tpu (the current accelerator, an index of it, or a tpu device); any other device
+keeps PyTorch's function. memory_allocated / max_memory_allocated /
+memory_reserved / max_memory_reserved read torch.accelerator.memory.memory_stats,
+so routing memory_stats serves them too.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def _on_tpu(device) -> bool:
+    if device is None or isinstance(device, int):
+        acc = torch._C._accelerator_getAccelerator()
+        return acc is not None and acc.type == "tpu"
+    return torch.device(device).type == "tpu"
+
+
+def _route(namespaces, name: str, ours) -> None:
+    orig = getattr(namespaces[0], name)
+    if getattr(orig, "_torchtpu", False):
+        return
+
+    @functools.wraps(orig)
+    def routed(*args, **kwargs):
+        if _on_tpu(args[0] if args else kwargs.get("device", kwargs.get("device_index"))):
+            return ours()
+        return orig(*args, **kwargs)
+
+    routed._torchtpu = True
+    for ns in namespaces:
+        if getattr(ns, name, None) is orig:
+            setattr(ns, name, routed)
+
+
+def install() -> None:
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    tpu = torch.tpu
+    both = (acc, accmem)
+    _route((acc,), "synchronize", tpu.synchronize)
+    _route((acc,), "get_device_capability", lambda: {
+        "supported_dtypes": {torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                             torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                             torch.bool, torch.complex64}})
+    _route((acc,), "current_stream", tpu.current_stream)
+    _route(both, "memory_stats", tpu.memory_stats)
+    _route(both, "reset_peak_memory_stats", tpu.reset_peak_memory_stats)
+    _route(both, "reset_accumulated_memory_stats", lambda: None)
+    _route(both, "empty_cache", tpu.empty_cache)
+    _route(both, "get_memory_info", tpu.mem_get_info)
