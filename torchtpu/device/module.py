@@ -17,6 +17,12 @@ def is_initialized() -> bool:
     return True
 
 
+# torch.utils.checkpoint stashes and restores a device's RNG state only when
+# torch.<device>._initialized is true (without it, dropout in a checkpointed block
+# drew a different mask on recompute and gradients differed silently)
+_initialized = True
+
+
 def _is_in_bad_fork() -> bool:
     return False
 
