@@ -272,3 +272,41 @@ def test_pallas_kernel_with_custom_vjp_trains_like_the_pytorch_layer(mode, no_fa
             losses_ref.append(loss_ref.item())
     np.testing.assert_allclose(losses, losses_ref, rtol=1e-5)
     assert losses[-1] < losses[0]
+
+
+# --- interop with JAX ---------------------------------------------------------------------
+
+
+def test_to_jax_and_from_jax_share_device_buffers():
+    from torchtpu.runtime import storage
+
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    a = torchtpu.to_jax(t)
+    assert isinstance(a, jax.Array) and a.shape == (3, 4) and a.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(a), x.numpy())
+    np.testing.assert_array_equal(np.asarray(torchtpu.to_jax(t.t()[1:])), x.t()[1:].numpy())  # a view
+    flat = jnp.arange(6, dtype=jnp.int32) * 2
+    u = torchtpu.from_jax(flat)
+    assert u.device.type == "tpu" and u.dtype == torch.int32 and storage.lookup(u).buf is flat  # no copy
+    assert torchtpu.to_jax(u) is flat
+    b = torchtpu.from_jax(jnp.ones((2, 3), jnp.bfloat16))
+    assert b.shape == (2, 3) and b.dtype == torch.bfloat16
+    b.add_(1)  # the tensor's writes never reach the (immutable) JAX array
+    assert torch.equal(b.cpu(), torch.full((2, 3), 2.0, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="tpu tensor"):
+        torchtpu.to_jax(x)
+
+
+def test_dlpack_both_ways():
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    a = jax.dlpack.from_dlpack(t.t())  # a tpu tensor exports its JAX array
+    np.testing.assert_array_equal(np.asarray(a), x.t().numpy())
+    back = torch.from_dlpack(jnp.arange(4.0), device="tpu")
+    assert back.device.type == "tpu"
+    torch.testing.assert_close(back.cpu(), torch.arange(4.0, dtype=torch.float64))
+    # elsewhere PyTorch's own path: a CPU tensor, and a host JAX array stays host memory here
+    assert torch.from_dlpack(torch.arange(3)).device.type == "cpu"
+    if torchtpu.platform() == "cpu":
+        assert torch.from_dlpack(jnp.arange(3.0)).device.type == "cpu"

@@ -27,6 +27,7 @@ _kernels.register_lowerings()
 
 _deferred.install_hooks()
 from . import distributed as _distributed  # noqa: E402,F401 - registers the c10d backend "tpu"
+from . import kernels as _user_kernels  # noqa: E402,F401 - jax_op, JAX interop, DLPack routing
 
 __version__ = "0.1.0"
 
@@ -148,6 +149,20 @@ def jax_op(name: str, fn=None, *, num_outputs: "int | None" = None, interpret=No
     return _register(name, fn, num_outputs=num_outputs, interpret=interpret, probe=probe)
 
 
+def to_jax(t: "torch.Tensor") -> "jax.Array":
+    """The JAX array behind tpu tensor `t` (its view geometry applied), without a host copy."""
+    from .kernels import to_jax as _to_jax
+
+    return _to_jax(t)
+
+
+def from_jax(a: "jax.Array") -> "torch.Tensor":
+    """A tpu tensor over JAX array `a`'s buffer, without a copy."""
+    from .kernels import from_jax as _from_jax
+
+    return _from_jax(a)
+
+
 def lowered_ops() -> list[str]:
     """ATen overloads with a native tpu kernel (lowerings and their generated variants)."""
     return sorted(_kernels.SERVED)
@@ -165,6 +180,8 @@ __all__ = [
     "platform",
     "lowered_ops",
     "jax_op",
+    "to_jax",
+    "from_jax",
     "compile_cache_dir",
     "dump_stablehlo",
     "set_collectives",

@@ -1,0 +1,96 @@
+"""Zero-copy interop between tpu tensors and JAX arrays, and DLPack both ways.
+
+A tpu tensor's data is a flat JAX buffer (runtime/storage.py), so its JAX array is that
+buffer with the tensor's geometry applied: the buffer itself, reshaped, when the tensor is
+its whole storage in order; a strided read for any other view. A JAX array becomes a tpu
+tensor by adopting its buffer as the new storage's. JAX arrays are immutable and a write to
+a tpu tensor replaces its storage's buffer, so sharing is safe both ways: writing to the
+tensor never changes an array handed out before.
+
+DLPack: PyTorch's C++ exporter cannot see our storage (its bytes live in JAX, the
+TensorImpl's storage is empty), so `Tensor.__dlpack__` / `__dlpack_device__` hand a tpu
+tensor's JAX array to the consumer; everything else takes PyTorch's own path.
+`torch.from_dlpack(a, device="tpu")` adopts a JAX array (or any DLPack producer JAX reads)
+as a tpu tensor, and so does a plain `torch.from_dlpack(a)` of a JAX array that lives on
+the accelerator behind "tpu" (TPU or GPU). On XLA:CPU a JAX array is host memory and a
+plain `torch.from_dlpack` keeps PyTorch's behaviour: a CPU tensor sharing it.
+"""
+from __future__ import annotations
+
+import jax
+import torch
+
+from .. import metrics
+from ..runtime import jaxenv, tensors, transfer
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """The JAX array behind tpu tensor `t`, its view geometry applied (no host round trip;
+    a deferred value is computed first)."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+        raise TypeError(f"torchtpu.to_jax: expected a tpu tensor, got "
+                        f"{t.device if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if t.requires_grad:
+        t = t.detach()
+    return transfer.value(t)
+
+
+def from_jax(a) -> torch.Tensor:
+    """A tpu tensor over JAX array `a`'s buffer (moved to the tpu device first if it lives
+    on another device)."""
+    if not isinstance(a, jax.Array):
+        raise TypeError(f"torchtpu.from_jax: expected a jax.Array, got {type(a).__name__}")
+    dev = jaxenv.device()
+    if a.devices() != {dev}:
+        a = jax.device_put(a, dev)
+        metrics.bump("transfers_to_device")
+        metrics.bump("bytes_to_device", a.nbytes)
+    dtype = jaxenv.to_torch_dtype(a.dtype)
+    return tensors.empty(a.shape, dtype, a.reshape(-1) if a.ndim != 1 else a)
+
+
+# --- DLPack -------------------------------------------------------------------------------
+
+_orig_dlpack = torch.Tensor.__dlpack__
+_orig_dlpack_device = torch.Tensor.__dlpack_device__
+_orig_from_dlpack = torch.utils.dlpack.from_dlpack
+
+
+def _dlpack(self, *args, **kwargs):
+    if self.device.type == "tpu":
+        return to_jax(self).__dlpack__(*args, **kwargs)
+    return _orig_dlpack(self, *args, **kwargs)
+
+
+def _dlpack_device(self):
+    if self.device.type == "tpu":
+        return to_jax(self).__dlpack_device__()
+    return _orig_dlpack_device(self)
+
+
+def _on_tpu_device(ext) -> bool:
+    return isinstance(ext, jax.Array) and jaxenv.platform() != "cpu" and ext.devices() == {jaxenv.device()}
+
+
+def from_dlpack(ext_tensor, *, device=None, copy=None) -> torch.Tensor:
+    target = torch.device(device) if device is not None else None
+    if (target is not None and target.type == "tpu") or (target is None and _on_tpu_device(ext_tensor)):
+        if target is not None and target.index not in (None, 0):
+            raise RuntimeError(f"from_dlpack: invalid device {target}; this process drives tpu:0")
+        a = ext_tensor if isinstance(ext_tensor, jax.Array) else jax.dlpack.from_dlpack(ext_tensor)
+        if copy:
+            a = a.copy()
+        return from_jax(a)
+    return _orig_from_dlpack(ext_tensor, device=device, copy=copy)
+
+
+from_dlpack.__doc__ = _orig_from_dlpack.__doc__
+
+
+def install() -> None:
+    """Route DLPack through the JAX arrays behind tpu tensors (idempotent)."""
+    if torch.Tensor.__dlpack__ is not _dlpack:
+        torch.Tensor.__dlpack__ = _dlpack
+        torch.Tensor.__dlpack_device__ = _dlpack_device
+        torch.utils.dlpack.from_dlpack = from_dlpack
+        torch.from_dlpack = from_dlpack
