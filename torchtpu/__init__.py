@@ -26,6 +26,9 @@ _kernels.register_kernels()
 _kernels.register_lowerings()
 
 _deferred.install_hooks()
+from .eager import control_flow as _control_flow  # noqa: E402
+
+_control_flow.register()  # torch.cond, while_loop, scan, ... on tpu tensors
 from . import distributed as _distributed  # noqa: E402,F401 - registers the c10d backend "tpu"
 from . import kernels as _user_kernels  # noqa: E402,F401 - jax_op, JAX interop, DLPack routing
 

@@ -31,7 +31,7 @@ from ..eager import fallback as eager_fallback
 from ..ops import registry
 from ..runtime import geometry, rng
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
-from . import collectives
+from . import collectives, control_flow
 
 aten = torch.ops.aten
 
@@ -68,7 +68,7 @@ def _meta_of(node_or_val):
 class Program:
     """The graph as a traceable function: (input values, rng data) -> (outputs, {input index: new value})."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, host_part: bool = True):
         self.gm = gm
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -77,7 +77,9 @@ class Program:
         # the part of the graph that only touches CPU values (an optimizer's step counts and
         # bias corrections) runs on the host before the program, so the program never has to
         # hand values back to the CPU and nothing waits for the device
-        self.host = HostPart.of(gm, self.nodes) if os.environ.get("TORCHTPU_HOST_PART", "1") != "0" else None
+        # (not in a control-flow body: all of it runs inside the loop or branch)
+        self.host = HostPart.of(gm, self.nodes) \
+            if host_part and os.environ.get("TORCHTPU_HOST_PART", "1") != "0" else None
         host_nodes = self.host.nodes if self.host is not None else frozenset()
         # graph inputs the program overwrites (aot_autograd's copy_ into a placeholder)
         ph = set(self.placeholders)
@@ -91,6 +93,10 @@ class Program:
         }
         # collectives: XLA collectives over the process group's mesh (the caller runs us SPMD)
         self.collectives = collectives.context_of(gm)
+        # higher-order ops (cond, while_loop, scan, ...): lax control flow over their subgraphs
+        self.hops = {n: control_flow.Node(gm, n) for n in self.nodes
+                     if n.op == "call_function" and control_flow.handles(n.target)}
+        self.n_random += sum(h.random for h in self.hops.values())
         for n in self.nodes:
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
                 if n.target in collectives.LOWERINGS:
@@ -107,11 +113,12 @@ class Program:
                         )
                     self.fallback_ops.append(name)
 
-    def __call__(self, inputs, rngdata, host_values=()):
+    def __call__(self, inputs, rngdata, host_values=(), key=None):
+        """`key`: the random key itself, for a control-flow body (else made from `rngdata`)."""
         env: dict = {}
         index = {n: i for i, n in enumerate(self.placeholders)}
         mutated: dict[int, jax.Array] = {}
-        base_key = rng.key(*rngdata) if self.n_random else None
+        base_key = (key if key is not None else rng.key(*rngdata)) if self.n_random else None
         n_random = 0
         result = None
         host = self.host
@@ -129,6 +136,11 @@ class Program:
                 args = torch.fx.node.map_arg(node.args, lambda n: env[n])
                 kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
                 target = node.target
+                hop = self.hops.get(node)
+                if hop is not None:
+                    env[node] = hop(args, kwargs, jax.random.fold_in(base_key, n_random) if hop.random else None)
+                    n_random += hop.random
+                    continue
                 if not isinstance(target, torch._ops.OpOverload):
                     # operator.getitem, operator.mul on SymInts, torch.sym_* ...
                     env[node] = target(*args, **kwargs)

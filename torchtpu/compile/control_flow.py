@@ -1,0 +1,215 @@
+"""Higher-order ops inside a compiled program: torch.cond, while_loop, scan, map and
+associative_scan as XLA control flow (lax.cond, lax.while_loop, lax.scan,
+lax.associative_scan), so a loop or a branch on device data stays inside the program.
+
+A higher-order node carries its branches or body as ATen subgraphs (GraphModules held
+by the parent graph). Each becomes a `graph.Program` of its own, the same machinery
+that runs the parent, so subgraphs may hold any lowered op, CPU fallbacks and further
+higher-order ops (nested control flow). Tensors a body closes over arrive as extra
+operands (Dynamo lifts them); Python numbers among the operands (SymInts made
+concrete) stay static, closed over by the traced branch.
+
+Random ops inside a body get a key folded from the node's key and, in a loop, the
+iteration number, so every iteration draws fresh numbers.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch._higher_order_ops.associative_scan import associative_scan_op
+from torch._higher_order_ops.cond import cond_op
+from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+from torch._higher_order_ops.map import map_impl
+from torch._higher_order_ops.scan import scan_op
+from torch._higher_order_ops.while_loop import while_loop_op, while_loop_stack_output_op
+
+from ..runtime.jaxenv import to_jax_dtype
+
+HOP = torch._ops.HigherOrderOperator
+
+
+def _is_array(v) -> bool:
+    return isinstance(v, (jax.Array, jax.core.Tracer))
+
+
+def _strong(x, val):
+    """`x` with the exact type of the traced value `val` (no weak type): XLA control flow
+    needs a loop's carry and both branches' results to have identical types."""
+    if not isinstance(val, torch.Tensor) or x is None:
+        return x
+    x = jax.lax.convert_element_type(jnp.asarray(x), to_jax_dtype(val.dtype))
+    shape = tuple(val.shape)
+    return x.reshape(shape) if all(isinstance(s, int) for s in shape) else x
+
+
+def _leaves(tree):
+    return torch.utils._pytree.tree_leaves(tree, is_leaf=lambda v: v is None)
+
+
+class Subgraph:
+    """A branch or body: its ATen graph as a function of its flat inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        from .graph import Program
+
+        self.program = Program(gm, host_part=False)
+        if self.program.mutated_inputs:
+            raise NotImplementedError(
+                "torchtpu compile: a control-flow body that writes its inputs in place is not supported")
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n
+                         for n in _leaves(out.args[0])]
+        self.in_vals = [n.meta.get("val") for n in self.program.placeholders]
+        self.random = self.program.n_random > 0
+
+    def __call__(self, inputs, key=None):
+        outs, _ = self.program(list(inputs), (), key=key)
+        outs = _leaves(outs)
+        return [_strong(o, v) for o, v in zip(outs, self.out_vals)]
+
+
+class Node:
+    """One higher-order node of a graph: its lowering and its subgraphs, lowered once."""
+
+    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node):
+        self.lowering = LOWERINGS[node.target]
+        self.node = node
+        self.subs: dict[int, Subgraph] = {}
+        for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+                mod = getattr(gm, a.target)
+                if isinstance(mod, torch.fx.GraphModule):
+                    self.subs[id(mod)] = Subgraph(mod)
+        self.random = any(s.random for s in self.subs.values())
+
+    def sub(self, gm) -> Subgraph:
+        return self.subs[id(gm)]
+
+    def __call__(self, args, kwargs, key):
+        return self.lowering(self, key, *args, **kwargs)
+
+
+def handles(target) -> bool:
+    return isinstance(target, HOP) and target in LOWERINGS
+
+
+def _statics(values):
+    """Split operands into arrays (traced through the control flow) and a rebuild function
+    that puts the static ones (Python numbers, None) back in place."""
+    values = list(values)
+    pos = [i for i, v in enumerate(values) if _is_array(v)]
+
+    def rebuild(arrays):
+        out = list(values)
+        for i, a in zip(pos, arrays):
+            out[i] = a
+        return out
+
+    return [values[i] for i in pos], rebuild
+
+
+def _fold(key, i):
+    return None if key is None else jax.random.fold_in(key, i)
+
+
+# ---- the lowerings ------------------------------------------------------------------------
+
+def _cond(hop, key, pred, true_fn, false_fn, operands):
+    t, f = hop.sub(true_fn), hop.sub(false_fn)
+    if not _is_array(pred):  # a Python bool (a SymBool made concrete): no branch to trace
+        return (t if pred else f)(operands, key)
+    arrays, rebuild = _statics(operands)
+    return jax.lax.cond(
+        jnp.reshape(pred, ()).astype(jnp.bool_),
+        lambda a: t(rebuild(a), key), lambda a: f(rebuild(a), key), arrays)
+
+
+def _carry(values, vals):
+    return [_strong(x, v) for x, v in zip(values, vals)]
+
+
+def _while_loop(hop, key, cond_fn, body_fn, carried, additional, **kwargs):
+    c, b = hop.sub(cond_fn), hop.sub(body_fn)
+    n = len(carried)
+    if any(not _is_array(x) for x in carried):
+        raise NotImplementedError(
+            "torchtpu compile: while_loop with Python numbers among its carried values is not supported; "
+            "carry 0-d tensors instead")
+    extra = list(additional)
+    init = _carry(carried, b.out_vals)
+
+    def pred(state):
+        i, carry = state
+        return jnp.reshape(c(list(carry) + extra, _fold(key, 2 * i))[0], ()).astype(jnp.bool_)
+
+    def body(state):
+        i, carry = state
+        return i + 1, b(list(carry) + extra, _fold(key, 2 * i + 1))
+
+    _, out = jax.lax.while_loop(pred, body, (jnp.int32(0), init))
+    assert len(out) == n
+    return list(out)
+
+
+def _while_loop_stack_output(hop, key, *args, **kwargs):
+    raise NotImplementedError(
+        "torchtpu compile: while_loop under autograd (torch.ops.higher_order.while_loop_stack_output) "
+        "stacks one value per iteration, a length known only at run time; run the loop under "
+        "torch.no_grad() or write it with scan over a fixed number of steps")
+
+
+def _scan(hop, key, combine_fn, init, xs, additional):
+    f = hop.sub(combine_fn)
+    n = len(init)
+    extra = list(additional)
+    init = _carry(init, f.out_vals[:n])
+
+    def step(state, x):
+        i, carry = state
+        outs = f(list(carry) + list(x) + extra, _fold(key, i))
+        return (i + 1, outs[:n]), outs[n:]
+
+    (_, carry), ys = jax.lax.scan(step, (jnp.int32(0), init), list(xs))
+    return list(carry) + list(ys)
+
+
+def _map(hop, key, body_fn, xs, pos_args):
+    f = hop.sub(body_fn)
+    extra = list(pos_args)
+
+    def step(i, x):
+        return i + 1, f(list(x) + extra, _fold(key, i))
+
+    _, ys = jax.lax.scan(step, jnp.int32(0), list(xs))
+    return list(ys)
+
+
+def _associative_scan(hop, key, combine_fn, xs, additional_inputs):
+    f = hop.sub(combine_fn)
+    n = len(xs)
+    extra = list(additional_inputs)
+    # the combine graph is traced on one slice (xs[0]) of each input; lax.associative_scan
+    # combines whole runs of slices at a time, hence vmap over the leading dimension
+    one = jax.vmap(lambda *ab: tuple(f(list(ab) + extra, key)))
+
+    def combine(a, b):
+        return list(one(*a, *b))
+
+    xs = [_strong(x, v) for x, v in zip(xs, [None] * n)]
+    return list(jax.lax.associative_scan(combine, list(xs), axis=0))
+
+
+def _invoke_subgraph(hop, key, subgraph, identifier, *operands):
+    return hop.sub(subgraph)(operands, key)
+
+
+LOWERINGS = {
+    cond_op: _cond,
+    while_loop_op: _while_loop,
+    while_loop_stack_output_op: _while_loop_stack_output,
+    scan_op: _scan,
+    map_impl: _map,
+    associative_scan_op: _associative_scan,
+    invoke_subgraph: _invoke_subgraph,
+}
