@@ -102,8 +102,9 @@ class _Node:
         self.gm = gm
         self.program = Program(gm, host_part=False)
         out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        # the op's own output structure (a tuple: autograd.Function wraps only tuple outputs)
         flat, self.out_spec = torch.utils._pytree.tree_flatten(
-            [n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in out.args[0]])
+            torch.utils._pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), out.args[0]))
         if not all(isinstance(v, torch.Tensor) for v in flat):
             raise NotImplementedError(f"torchtpu: {op.name()} returning non-tensors under defer_and_fuse")
         self.outs = [(tuple(v.shape), v.dtype) for v in flat]
