@@ -44,6 +44,7 @@ CASES = [
     ("matmul", (64, 64), lambda a, b: a @ b),
     ("matmul", (256, 256), lambda a, b: a @ b),
     ("view+add", (16, 16), lambda a, b: a.t() + b),
+    ("row add", (16, 16), lambda a, b: a[3] + b[5]),  # views at nonzero storage offsets
 ]
 
 

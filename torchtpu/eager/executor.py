@@ -73,7 +73,7 @@ class _HostEntry:
 class _Flat:
     """One call, flattened."""
 
-    __slots__ = ("entries", "entry_index", "leaves", "dyn", "tensors")
+    __slots__ = ("entries", "entry_index", "leaves", "dyn", "tensors", "offsets")
 
     def __init__(self):
         self.entries = []
@@ -81,6 +81,7 @@ class _Flat:
         self.leaves = []
         self.dyn = []
         self.tensors = []
+        self.offsets = []  # nonzero storage offsets of the leaves whose offset is None
 
     def tensor(self, t: torch.Tensor, low: Lowering):
         if t.is_cpu:
@@ -109,6 +110,9 @@ class _Flat:
             self.entry_index[k] = si
             self.entries.append(entry)
         dt = t.dtype
+        if offset:  # a runtime value (after the op's scalars), not part of the key
+            self.offsets.append(offset)
+            offset = None
         leaf = (si, shape, stride, offset, _T2J[dt])
         if dt.is_complex and (t.is_conj() or t.is_neg()):
             # lazy conjugate/negative views: the bit lives on the tensor, not the storage
@@ -191,18 +195,25 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
     mode = low.mode
     arg_names = [a.name for a in low.args]
 
+    nruntime = sum(1 for leaf in leaves if leaf[3] is None)
+
     def program(bufs, scalars, rngdata):
         bufs = list(bufs)
         for i, (numel, bdt) in enumerate(store_specs):
             if bufs[i] is None:
                 bufs[i] = jnp.zeros((numel,), bdt)
-        vals = [_read_leaf(bufs, leaf) for leaf in leaves]
+        if nruntime:  # runtime offsets ride after the op's own scalars
+            scalars, ofs = scalars[:len(scalars) - nruntime], iter(scalars[len(scalars) - nruntime:])
+            offsets = [leaf[3] if leaf[3] is not None else next(ofs) for leaf in leaves]
+        else:
+            offsets = [leaf[3] for leaf in leaves]
+        vals = [_read_leaf(bufs, leaf, off) for leaf, off in zip(leaves, offsets)]
         it = iter(scalars)
         args = [_decode(s, vals, it) for s in pos]
         kwargs = {name: _decode(s, vals, it) for name, s in kw}
         result = registry.apply(low, args, kwargs, rng.key(*rngdata) if low.random else None)
         if mode == "inplace":
-            return (), _write_back(low, result, pos, kw, leaves, bufs, arg_names)
+            return (), _write_back(low, result, pos, kw, leaves, offsets, bufs, arg_names)
         if result is None:
             compiled.structure = "none"
             return (), {}
@@ -220,8 +231,8 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
     return program
 
 
-def _read_leaf(bufs, leaf):
-    x = geometry.read(bufs[leaf[0]], leaf[1], leaf[2], leaf[3], leaf[4])
+def _read_leaf(bufs, leaf, offset):
+    x = geometry.read(bufs[leaf[0]], leaf[1], leaf[2], offset, leaf[4])
     if len(leaf) > 5:
         if "conj" in leaf[5]:
             x = jnp.conj(x)
@@ -230,7 +241,7 @@ def _read_leaf(bufs, leaf):
     return x
 
 
-def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
+def _write_back(low, result, pos, kw, leaves, offsets, bufs, arg_names):
     """Write in-place results into their storages; returns the updated buffers."""
     target = low.mutated[0]
     idx = arg_names.index(target)
@@ -241,7 +252,8 @@ def _write_back(low, result, pos, kw, leaves, bufs, arg_names):
         targets, results = list(spec[1]), list(result)
     touched = {}
     for tspec, r in zip(targets, results):
-        s, shape, stride, off, dt = leaves[tspec[1]][:5]
+        s, shape, stride, _, dt = leaves[tspec[1]][:5]
+        off = offsets[tspec[1]]
         r = jnp.asarray(r)
         if r.shape != tuple(shape):
             try:
@@ -400,6 +412,8 @@ def _flush_for_precision():
 def execute(low: Lowering, args, kwargs):
     precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
     flat, pos, kw = _flatten(low, args, kwargs)
+    if flat.offsets:
+        flat.dyn += flat.offsets
     entries = flat.entries
     store_specs = tuple([(e.numel, e.dtype) for e in entries])
     inited = tuple([e.buf is not None for e in entries])
@@ -442,12 +456,12 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
             kept = list(bufs)
             bufs = None
             donated = donation.split(kept, donate)
-            outs, updated = _donating(compiled, donate)(donated, kept, scalars.pack(flat.dyn, compiled.fn.codes),
+            outs, updated = _donating(compiled, donate)(donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes),
                                                         rngdata)
             del donated
             metrics.bump("donated_writes")
         else:
-            outs, updated = compiled.fn(bufs, scalars.pack(flat.dyn, compiled.fn.codes), rngdata)
+            outs, updated = compiled.fn(bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():

@@ -152,7 +152,23 @@ def resize_(self, size, memory_format=None):
 
 def as_strided(self, size, stride, storage_offset=None):
     off = self.storage_offset() if storage_offset is None else storage_offset
+    _check_in_bounds(self, size, stride, off)
     return tensors.alias(self, size, stride, off)
+
+
+def _check_in_bounds(self, size, stride, off) -> None:
+    """PyTorch's setStorage check: programs read a view at a runtime offset, which XLA
+    clamps into the buffer, so a view past the end must never exist."""
+    if any(s == 0 for s in size):
+        return
+    item = self.element_size()
+    need = (1 + sum((s - 1) * st for s, st in zip(size, stride)) + off) * item
+    have = storage.lookup(self).nbytes
+    if need > have:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, and itemsize "
+            f"{item} requiring a storage size of {need} are out of bounds for storage of size {have}"
+        )
 
 
 def _copy_lowering():

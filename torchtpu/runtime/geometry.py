@@ -1,9 +1,15 @@
 """Reading and writing strided tensors out of flat storage buffers, inside a trace.
 
 A tensor is (flat buffer, sizes, strides, offset). These functions run while a
-JAX function is being traced, so the geometry is static and the common cases
+JAX function is being traced, so sizes and strides are static and the common cases
 (contiguous, slice, permutation, broadcast) lower to slices and transposes
 rather than gathers; anything else is a gather/scatter with a constant index.
+
+The offset may be a Python int or a traced integer scalar. Executables take a
+view's nonzero offset as a runtime value (`x[i] = t` for 1,000 different i, a row
+loop, unbind, a KV-cache write at a moving position: one program, not one per
+offset); the read is then a dynamic_slice of the same box, the write a
+dynamic_update_slice.
 """
 from __future__ import annotations
 
@@ -33,8 +39,17 @@ def is_contiguous(shape, strides) -> bool:
     return True
 
 
+def _static(offset) -> bool:
+    return isinstance(offset, (int, np.integer))
+
+
+def _whole(offset, numel: int, buf) -> bool:
+    """The view is all of `buf` (only a static zero offset can tell at trace time)."""
+    return _static(offset) and offset == 0 and numel == buf.shape[0]
+
+
 def _index(shape, strides, offset) -> np.ndarray:
-    idx = np.full(tuple(shape), offset, dtype=np.int64)
+    idx = np.full(tuple(shape), offset if _static(offset) else 0, dtype=np.int64)
     for d, (size, stride) in enumerate(zip(shape, strides)):
         view = [1] * len(shape)
         view[d] = size
@@ -73,14 +88,17 @@ def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
         return jnp.zeros(shape, dtype)
     buf = _bitcast(buf, dtype)
     if is_contiguous(shape, strides):
-        if offset == 0 and numel == buf.shape[0]:
+        if _whole(offset, numel, buf):
             return buf.reshape(shape)
+        if not _static(offset):
+            return lax.dynamic_slice(buf, (offset,), (numel,)).reshape(shape)
         return lax.slice(buf, (offset,), (offset + numel,)).reshape(shape)
     box = _box(shape, strides)
     if box is None:
-        return buf[_index(shape, strides, offset)]
+        idx = _index(shape, strides, offset)
+        return buf[idx if _static(offset) else idx + offset]
     kept, box_shape, span = box
-    region = _region(buf, offset, span).reshape(box_shape)
+    region = _region(buf, offset, span, _extent(shape, strides)).reshape(box_shape)
     sizes = tuple(shape[d] for d in kept)
     region = region[_box_index(sizes, box_shape)].reshape(sizes)
     # Put the kept dims back in their original order, then broadcast the rest.
@@ -122,14 +140,29 @@ def _box_index(sizes, box_shape):
     return tuple(idx[: len(box_shape)])
 
 
-def _region(buf, offset: int, span: int):
+def _extent(shape, strides) -> int:
+    """Elements from a (nonempty) view's first element to its last, inclusive."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+
+
+def _overhang(buf_len: int, offset, span: int, extent: int) -> int:
+    """Zeros to append so buf[offset : offset + span] exists. A runtime offset is only
+    known to keep the view itself in bounds (offset + extent <= len): pad for the worst."""
+    if _static(offset):
+        return max(0, offset + span - buf_len)
+    return max(0, span - extent, span - buf_len)
+
+
+def _region(buf, offset, span: int, extent: int):
     """buf[offset : offset + span], zero-padded past the end (the box's last row may overhang)."""
-    end = offset + span
-    if end > buf.shape[0]:
-        buf = jnp.concatenate([buf, jnp.zeros((end - buf.shape[0],), buf.dtype)])
-    if offset == 0 and span == buf.shape[0]:
+    pad = _overhang(buf.shape[0], offset, span, extent)
+    if pad:
+        buf = jnp.concatenate([buf, jnp.zeros((pad,), buf.dtype)])
+    if _whole(offset, span, buf):
         return buf
-    return lax.slice(buf, (offset,), (end,))
+    if not _static(offset):
+        return lax.dynamic_slice(buf, (offset,), (span,))
+    return lax.slice(buf, (offset,), (offset + span,))
 
 
 def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.Array:
@@ -143,7 +176,7 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
         return _bitcast(write(_bitcast(buf, value.dtype), value, shape, strides, offset), buf.dtype)
     if is_contiguous(shape, strides):
         flat = value.reshape(-1)
-        if offset == 0 and numel == buf.shape[0]:
+        if _whole(offset, numel, buf):
             return flat
         return lax.dynamic_update_slice(buf, flat, (offset,))
     box = _box(shape, strides) if all(strides[d] != 0 or shape[d] == 1 for d in range(len(shape))) else None
@@ -151,14 +184,20 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
         kept, box_shape, span = box
         sizes = tuple(shape[d] for d in kept)
         ordered = jnp.transpose(value, _full_perm(shape, kept)).reshape(sizes + (1,) * (len(box_shape) - len(sizes)))
-        region = _region(buf, offset, span).reshape(box_shape)
+        n = buf.shape[0]
+        pad = _overhang(n, offset, span, _extent(shape, strides))
+        padded = jnp.concatenate([buf, jnp.zeros((pad,), buf.dtype)]) if pad else buf
+        region = _region(padded, offset, span, span).reshape(box_shape)
         region = region.at[_box_index(sizes, box_shape)].set(ordered.reshape(_sliced(sizes, box_shape)))
-        region = region.reshape(-1)[: max(0, min(span, buf.shape[0] - offset))]
-        if offset == 0 and region.shape[0] == buf.shape[0]:
-            return region
-        return lax.dynamic_update_slice(buf, region, (offset,))
+        region = region.reshape(-1)
+        if _whole(offset, span, padded):
+            return region[:n]
+        if _static(offset):  # the overhang past the end is dropped
+            return lax.dynamic_update_slice(buf, region[: max(0, min(span, n - offset))], (offset,))
+        return lax.dynamic_update_slice(padded, region, (offset,))[:n] if pad else \
+            lax.dynamic_update_slice(buf, region, (offset,))
     idx = _index(shape, strides, offset).reshape(-1)
-    return buf.at[idx].set(value.reshape(-1))
+    return buf.at[idx if _static(offset) else idx + offset].set(value.reshape(-1))
 
 
 def _sliced(sizes, box_shape):

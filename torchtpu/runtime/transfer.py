@@ -15,8 +15,20 @@ from .jaxenv import device, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _read(buf, shape, stride, offset, dtype):
+def _read_static(buf, shape, stride, offset, dtype):
     return geometry.read(buf, shape, stride, offset, dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 4))
+def _read_at(buf, shape, stride, offset, dtype):
+    return geometry.read(buf, shape, stride, offset, dtype)
+
+
+def _read(buf, shape, stride, offset, dtype):
+    """A view's value; a nonzero offset is a runtime argument (one program for all rows)."""
+    if offset:
+        return _read_at(buf, shape, stride, np.int64(offset), dtype)
+    return _read_static(buf, shape, stride, 0, dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
