@@ -149,3 +149,23 @@ def test_device_queries():
         torch.tpu.get_device_properties("cpu")
     with pytest.raises(AssertionError):
         torch.tpu.get_device_name(3)
+
+
+def test_default_torch_compile_uses_the_tpu_backend(mode):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("tpu")
+    model.load_state_dict(ref.state_dict())
+    ref(x).square().sum().backward()
+    torchtpu.reset_metrics()
+    torch._dynamo.reset()
+    compiled = torch.compile(model)  # no backend argument: Inductor's default for other devices
+    out = compiled(x.to("tpu"))
+    out.square().sum().backward()
+    m = torchtpu.metrics()
+    assert m["dynamo_graphs"] == 1 and m["compile_graphs"] == 2  # forward and backward, ours
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), ref(x))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)

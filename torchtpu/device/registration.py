@@ -37,11 +37,12 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
-    from . import accelerator, autocast, events, storage_api, tied
+    from . import accelerator, autocast, default_compile, events, storage_api, tied
 
     autocast.install()
     tied.install()
     storage_api.install()
     events.install()  # torch.Event(device="tpu") records, times and synchronizes
     accelerator.install()  # torch.accelerator.synchronize / memory_* / ... reach torch.tpu
+    default_compile.install()  # torch.compile(model) on tpu tensors uses backend "tpu"
     _done = True
