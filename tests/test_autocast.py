@@ -347,3 +347,60 @@ def test_compiled_inside_and_around():
         for w, g in zip(want, got):
             assert g.dtype == w.dtype
             torch.testing.assert_close(g.cpu(), w, atol=2e-2, rtol=2e-2)
+
+
+# --- a small GPT trained under autocast, against CPU autocast -------------------------------
+
+
+def _gpt_losses(dev, mode=None, compiled=False, dtype=BF16, weights=None, steps=20):
+    from torchtpu.bench.models import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=32, layers=1, heads=2, max_len=16)
+    if weights is not None:
+        model = model.to(weights)
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 64, (4, 4, 17), generator=g)
+
+    def step(x, y):
+        with torch.autocast(dev, dtype=dtype, enabled=weights is None):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        return loss
+
+    fn = torch.compile(step, backend="tpu") if compiled else step
+    losses = []
+    with torchtpu.eager_mode(mode or "strict"):
+        for i in range(steps):
+            batch = data[i % 4].to(dev)
+            loss = fn(batch[:, :-1], batch[:, 1:])
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        return [float(v) for v in torch.stack(losses).cpu()]
+
+
+@pytest.fixture(scope="module")
+def cpu_bf16_autocast_losses():
+    return _gpt_losses("cpu")
+
+
+@pytest.mark.parametrize("mode,compiled", [
+    ("strict", False), pytest.param("defer_and_fuse", False, marks=pytest.mark.slow),
+    pytest.param("debug", False, marks=pytest.mark.slow), pytest.param("strict", True, marks=pytest.mark.slow),
+])
+def test_gpt_20_steps_bf16_autocast_matches_cpu(cpu_bf16_autocast_losses, mode, compiled):
+    got = _gpt_losses("tpu", mode, compiled)
+    want = cpu_bf16_autocast_losses
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-2, atol=0)
+    assert got[-1] < got[0]
+
+
+def test_gpt_bf16_weights_with_adamw_match_cpu():
+    want = _gpt_losses("cpu", weights=BF16, steps=10)
+    got = _gpt_losses("tpu", weights=BF16, steps=10)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-2, atol=0)
+    assert got[-1] < got[0]
