@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, str] = {
     "modes": "torchtpu.bench.modes:main",
     "compile": "torchtpu.bench.compile:main",
     "dist": "torchtpu.bench.dist:main",
+    "amp": "torchtpu.bench.amp:main",
 }
 
 
