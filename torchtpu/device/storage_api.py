@@ -1,23 +1,191 @@
-"""Storage identity and resizing for tpu storages (`UntypedStorage.data_ptr` / `resize_`).
+"""tpu storages as Python sees them: identity, creation, copies, resizing, serialization.
 
-A tpu StorageImpl holds no host memory: its data pointer is null while its byte
-count grows as views are made over it, a combination PyTorch calls an "invalid
-python storage" (data_ptr() raises), and `resize_` needs a C++ PrivateUse1 hook.
-Code that compares storages by data_ptr() or frees and regrows them (FSDP2's
-reset_sharded_param and reshard_after_forward) needs both. For tpu storages:
-data_ptr() is the StorageImpl's address (nonzero, the same for every view, as a
-real data pointer would be); resize_(0) drops the device buffer (reads see zeros
-until written again, the memory is released), resize_(n) grows the buffer if
-needed. Other devices are untouched.
+A tpu StorageImpl holds no host memory: its C++ data pointer stays null while its
+byte count grows as views are made over it, a combination PyTorch's C++ calls an
+"invalid python storage" (its copy_ and data_ptr() raise), and creating one with
+`torch.UntypedStorage(n, device="tpu")` or resizing it needs a C++ PrivateUse1
+allocator the pure-Python route cannot register. Everything that moves a storage's
+bytes goes through a handful of `UntypedStorage` methods, so serving those for tpu
+storages (and leaving other devices untouched) makes every caller work:
+
+- `UntypedStorage(n, device="tpu")`: a new device buffer (torch.load's restore,
+  `storage.clone()`, `copy.deepcopy`, `_new_shared`, `storage.tpu()`).
+- `copy_` between a tpu storage and a CPU or tpu one, byte for byte: `storage.cpu()`
+  (torch.save writes each storage through it), `storage.to(device=)`.
+- `_write_file` / `_set_from_file`: the legacy format and pickling (`pickle.dumps(t)`,
+  multiprocessing) write the storage's CPU copy and read into one.
+- `nbytes()`: the device buffer's size (the C++ count starts at 0 and only grows as
+  views are set over the storage).
+- `data_ptr()` of storages and tensors: the storage's device address
+  (runtime/storage.address), plus the view's offset for a tensor, so sharing is
+  detected from pointers as on CUDA. C++ code never sees these addresses.
+- `resize_`: resize_(0) drops the device buffer (reads see zeros until written again,
+  the memory is released), resize_(n) grows it (FSDP2's reshard and reset_sharded_param).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+def _is_tpu(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, torch.device):
+        return device.type == "tpu"
+    if isinstance(device, str):
+        return device.split(":")[0] == "tpu"
+    return False
+
+
+def _entry(st):
+    from ..runtime import storage
+
+    try:
+        return storage.lookup_storage(st)
+    except KeyError:
+        raise RuntimeError(
+            "torchtpu: this tpu storage has no device buffer (was it created outside torchtpu?)"
+        ) from None
+
+
+def _storage_new(orig):
+    def __new__(cls, *args, device=None, **kwargs):
+        if not _is_tpu(device):
+            if device is not None:
+                kwargs["device"] = device
+            return orig(cls, *args, **kwargs)
+        if kwargs:
+            raise TypeError(f"UntypedStorage(): unexpected keyword arguments {sorted(kwargs)} for a tpu storage")
+        idx = torch.device(device).index
+        if idx not in (None, 0):
+            raise RuntimeError(f"UntypedStorage: invalid device {device}; this process drives one device, tpu:0")
+        data = None
+        if not args:
+            size = 0
+        elif len(args) == 1 and isinstance(args[0], int):
+            size = args[0]
+        elif len(args) == 1:  # a sequence of byte values, as for CPU storages
+            data = orig(cls, *args)
+            size = data.nbytes()
+        else:
+            raise TypeError(f"UntypedStorage(): unexpected arguments {args!r} for a tpu storage")
+        if size < 0:
+            raise RuntimeError(f"UntypedStorage: size must be non-negative, got {size}")
+        from ..runtime import tensors
+
+        st = tensors.empty((size,), torch.uint8).untyped_storage()
+        _entry(st).untyped = True
+        if data is not None:
+            st.copy_(data)
+        return st
+
+    __new__._torchtpu = True
+    return __new__
+
+
+def _storage_copy(orig):
+    def copy_(self, src, non_blocking=None):
+        dst_tpu, src_tpu = self.device.type == "tpu", src.device.type == "tpu"
+        if not (dst_tpu or src_tpu):
+            return orig(self, src) if non_blocking is None else orig(self, src, non_blocking)
+        if self.nbytes() != src.nbytes():
+            raise RuntimeError(f"size does not match, self was {self.nbytes()} bytes but src was {src.nbytes()} bytes")
+        if self.nbytes() == 0:
+            return self
+        from ..runtime import transfer
+
+        if dst_tpu:
+            entry = _entry(self)
+            if src_tpu:
+                s = _entry(src)
+                buf = transfer.buffer(s)
+                if s.dtype != entry.dtype or s.nbytes != entry.nbytes:
+                    host = transfer.storage_to_host(s)
+                    buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
+            else:
+                host = torch.empty(0, dtype=torch.uint8).set_(src).numpy()
+                buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
+            entry.buf = buf
+            return self
+        host = transfer.storage_to_host(_entry(src))
+        torch.empty(0, dtype=torch.uint8).set_(self).numpy()[:] = _fit(host, self.nbytes())
+        return self
+
+    copy_._torchtpu = True
+    return copy_
+
+
+def _fit(data: np.ndarray, n: int) -> np.ndarray:
+    """`data` cut or zero-padded to n bytes (a StorageImpl's byte count can exceed the
+    buffer's when views were set past its end; the bytes there read as zeros)."""
+    if data.shape[0] == n:
+        return data
+    out = np.zeros(n, np.uint8)
+    k = min(n, data.shape[0])
+    out[:k] = data[:k]
+    return out
+
+
+def _storage_write_file(orig):
+    def _write_file(self, *args, **kwargs):
+        if self.device.type == "tpu":
+            return orig(self.cpu(), *args, **kwargs)
+        return orig(self, *args, **kwargs)
+
+    _write_file._torchtpu = True
+    return _write_file
+
+
+def _storage_set_from_file(orig):
+    def _set_from_file(self, f, offset, *args, **kwargs):
+        if self.device.type == "tpu":
+            host = torch.UntypedStorage(self.nbytes())
+            orig(host, f, offset, *args, **kwargs)
+            return self.copy_(host)
+        return orig(self, f, offset, *args, **kwargs)
+
+    _set_from_file._torchtpu = True
+    return _set_from_file
+
 
 def _storage_data_ptr(orig):
     def data_ptr(self):
         if self.device.type == "tpu":
-            return self._cdata
+            from ..runtime import storage
+
+            entry = storage._table.get(self._cdata)
+            return storage.address(entry) if entry is not None else self._cdata
+        return orig(self)
+
+    data_ptr._torchtpu = True
+    return data_ptr
+
+
+def _storage_nbytes(orig):
+    def nbytes(self):
+        n = orig(self)
+        if self.device.type == "tpu":
+            from ..runtime import storage
+
+            entry = storage._table.get(self._cdata)
+            if entry is not None and entry.nbytes > n:
+                return entry.nbytes  # the C++ count only grows as views are set over it
+        return n
+
+    nbytes._torchtpu = True
+    return nbytes
+
+
+def _tensor_data_ptr(orig):
+    def data_ptr(self):
+        if not self.is_cpu and self.device.type == "tpu":
+            from ..runtime import storage
+
+            entry = storage._table.get(self.untyped_storage()._cdata)
+            if entry is not None:
+                base = storage.address(entry)
+                return base + self.storage_offset() * self.element_size() if base else 0
         return orig(self)
 
     data_ptr._torchtpu = True
@@ -47,7 +215,17 @@ def _storage_resize(orig):
 
 def install() -> None:
     cls = torch.UntypedStorage
-    if not getattr(cls.data_ptr, "_torchtpu", False):
-        cls.data_ptr = _storage_data_ptr(cls.data_ptr)
-    if not getattr(cls.resize_, "_torchtpu", False):
-        cls.resize_ = _storage_resize(cls.resize_)
+    for name, wrap in (("data_ptr", _storage_data_ptr), ("nbytes", _storage_nbytes), ("resize_", _storage_resize),
+                       ("copy_", _storage_copy), ("_write_file", _storage_write_file),
+                       ("_set_from_file", _storage_set_from_file)):
+        if not getattr(getattr(cls, name), "_torchtpu", False):
+            setattr(cls, name, wrap(getattr(cls, name)))
+    if not getattr(cls.__new__, "_torchtpu", False):
+        cls.__new__ = staticmethod(_storage_new(cls.__new__))
+    if not getattr(torch.Tensor.data_ptr, "_torchtpu", False):
+        torch.Tensor.data_ptr = _tensor_data_ptr(torch.Tensor.data_ptr)
+    if not hasattr(torch.storage._StorageBase, "tpu"):
+        # storage.tpu() and TypedStorage.tpu(), as storage.cuda()
+        from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend
+
+        _generate_storage_methods_for_privateuse1_backend("tpu")

@@ -223,11 +223,13 @@ def set_source_tensor(self, source):
 
 def set_source_storage(self, source):
     entry = storage.lookup_storage(source)
-    tensors.set_geometry(self, source, (entry.numel,), (1,), 0)
+    storage.adopt_dtype(entry, to_jax_dtype(self.dtype))
+    tensors.set_geometry(self, source, (entry.nbytes // self.element_size(),), (1,), 0)
     return self
 
 
 def set_source_storage_offset(self, source, storage_offset, size, stride=()):
+    storage.adopt_dtype(storage.lookup_storage(source), to_jax_dtype(self.dtype))
     tensors.set_geometry(self, source, size, stride or geometry.contiguous_strides(size), storage_offset)
     return self
 

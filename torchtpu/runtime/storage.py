@@ -20,7 +20,7 @@ from . import inflight, jaxenv
 class Entry:
     """One storage: its flat buffer (None until first written), length, dtype."""
 
-    __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "__weakref__")
+    __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "__weakref__")
 
     def __init__(self, numel: int, dtype: np.dtype, buf=None):
         self.numel = numel
@@ -28,6 +28,8 @@ class Entry:
         self.nbytes = numel * dtype.itemsize
         self.buf = buf
         self.watch = None  # weakref to the storage object; its callback frees this entry
+        self.addr = None  # its device address, reserved when first asked for (address())
+        self.untyped = False  # made as raw bytes (UntypedStorage(n, device="tpu")): see adopt_dtype
 
 
 _table: dict[int, Entry] = {}
@@ -40,8 +42,59 @@ def _release(key: int, entry: Entry) -> None:
         if _table.get(key) is entry:
             del _table[key]
         _stats["allocated"] -= entry.nbytes
+        if entry.addr is not None:
+            _free_slots.append((entry.addr - _ADDR_BASE) // _ADDR_SLOT)
     entry.watch = None
     inflight.retire(entry.buf)  # synchronize still waits for its program if it runs
+
+
+# Device addresses. A storage's data_ptr() must be nonzero, the same for every view,
+# distinct between live storages and stable for the storage's life: code detects
+# sharing from pointers (torch.save's dedupe, safetensors' shared-tensor check, FSDP2).
+# Each storage that is asked for one gets a slot of 1 TiB of a virtual range above
+# 2**48, past every user-space CPU address, so a tpu pointer never equals a CPU one
+# and [ptr, ptr + nbytes) ranges never overlap. Nothing dereferences it: the C++
+# StorageImpl keeps its null pointer (PyTorch's C++ code sees no data), and only the
+# Python-level data_ptr() methods (device/storage_api.py) return it. A freed storage's
+# slot is reused, as a real allocator reuses addresses.
+_ADDR_BASE = 1 << 48
+_ADDR_SLOT = 1 << 40
+_free_slots: list[int] = []
+_next_slot = [0]
+
+
+def address(entry: Entry) -> int:
+    """The storage's device address (0 for an empty storage, as CUDA's)."""
+    a = entry.addr
+    if a is None:
+        if entry.nbytes == 0:
+            return 0
+        with _lock:
+            if _free_slots:
+                slot = _free_slots.pop()
+            else:
+                slot = _next_slot[0]
+                _next_slot[0] += 1
+        entry.addr = a = _ADDR_BASE + slot * _ADDR_SLOT
+    return a
+
+
+def adopt_dtype(entry: Entry, dtype: np.dtype) -> None:
+    """Give a storage made as raw bytes (deserialization, `UntypedStorage(n, device=)`) the
+    element type of the first typed tensor set over it, so later reads and writes take
+    the same-dtype fast paths instead of reinterpreting bytes on every access. The bytes
+    are unchanged, so views of either type see the same data."""
+    if not entry.untyped:
+        return
+    entry.untyped = False
+    if dtype == entry.dtype or entry.nbytes % dtype.itemsize:
+        return
+    if entry.buf is not None:
+        from .transfer import buffer, reinterpret
+
+        entry.buf = reinterpret(buffer(entry), dtype)
+    entry.numel = entry.nbytes // dtype.itemsize
+    entry.dtype = dtype
 
 
 def _account(nbytes: int) -> None:

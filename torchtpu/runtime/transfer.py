@@ -108,3 +108,29 @@ def to_device_array(t: torch.Tensor) -> jax.Array:
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _reinterpret(buf, dtype):
+    return geometry._bitcast(buf, dtype)
+
+
+def reinterpret(buf: jax.Array, dtype) -> jax.Array:
+    """A flat buffer's bytes seen as another element type (a bitcast, no value change)."""
+    return _reinterpret(buf, jnp.dtype(dtype))
+
+
+def storage_to_host(entry: storage.Entry) -> np.ndarray:
+    """A storage's bytes on the host, as a flat uint8 array (blocks until computed)."""
+    a = np.asarray(buffer(entry)).reshape(-1)
+    metrics.bump("transfers_to_host")
+    metrics.bump("bytes_to_host", a.nbytes)
+    return a.view(np.uint8)
+
+
+def bytes_to_device(data: np.ndarray, dtype) -> jax.Array:
+    """Host bytes (flat uint8, length a multiple of dtype's size) as a device buffer of dtype."""
+    a = np.array(data, dtype=np.uint8, copy=True).view(dtype)  # private copy: XLA:CPU may alias
+    metrics.bump("transfers_to_device")
+    metrics.bump("bytes_to_device", a.nbytes)
+    return jax.device_put(a, device())
