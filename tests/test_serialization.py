@@ -68,8 +68,8 @@ def _program(device, dtype):
     return {"x": x, "y": y, "row": y[1], "colT": y.t()[1:], "list": [x, 3]}
 
 
-@pytest.mark.parametrize("map_location", [None, "cpu", "tpu"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,map_location", [(d, None) for d in DTYPES] + [
+    (d, m) for d in (torch.float32, torch.bfloat16, torch.bool, torch.int64) for m in ("cpu", "tpu")], ids=str)
 def test_save_load_every_dtype(mode, dtype, map_location):
     on_cpu = _roundtrip(_program("cpu", dtype))
     on_tpu = _roundtrip(_program("tpu", dtype), map_location=map_location)
@@ -285,36 +285,57 @@ def test_distributed_checkpoint_single_process(mode, tmp_path):
 
 _RESUME = r"""
 import sys, torch, torchtpu
-import torch.nn.functional as F
-torchtpu.set_eager_mode(sys.argv[1])
-sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, sys.argv[1])
 from test_serialization import _mlp, _steps
-ckpt = torch.load(sys.argv[2])
-model = _mlp().to("tpu")
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-model.load_state_dict(ckpt["model"])
-opt.load_state_dict(ckpt["opt"])
-assert ckpt["model"]["0.weight"].device.type == "tpu"
-print("LOSSES", _steps(model, opt, 5, "tpu", start=5))
+for mode, path in zip(sys.argv[2::2], sys.argv[3::2]):
+    with torchtpu.eager_mode(mode):
+        ckpt = torch.load(path)
+        assert ckpt["model"]["0.weight"].device.type == "tpu"
+        model = _mlp().to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        print("LOSSES", mode, _steps(model, opt, 5, "tpu", start=5))
 """
 
 
-def test_checkpoint_resumes_in_fresh_process(mode, tmp_path):
+def test_checkpoint_resumes_in_fresh_process(tmp_path):
     """Acceptance: a tpu run saves model+AdamW state after 5 steps; a fresh process loads it
-    on tpu and runs 5 more; its losses equal an uninterrupted 10-step run."""
-    model = _mlp().to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    first = _steps(model, opt, 5, "tpu")
-    path = str(tmp_path / "ckpt.pt")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
-    rest = _steps(model, opt, 5, "tpu", start=5)
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _RESUME, mode, path, here], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    resumed = eval(proc.stdout.split("LOSSES", 1)[1].strip())
-    assert resumed == rest  # same programs on the same device: bit for bit
+    on tpu and runs 5 more; its losses equal an uninterrupted 10-step run (in strict and
+    defer_and_fuse; one fresh process resumes both)."""
     cpu_model = _mlp()
     cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-2)
-    torch.testing.assert_close(first + resumed, _steps(cpu_model, cpu_opt, 10, "cpu"), rtol=1e-4, atol=1e-5)
+    cpu_losses = _steps(cpu_model, cpu_opt, 10, "cpu")
+    args, runs = [], {}
+    # The fresh process reads the executables this one compiles from a persistent cache:
+    # the test is about state, not compile time.
+    import jax
+
+    cache = str(tmp_path / "xla_cache")
+    previous = jax.config.jax_compilation_cache_dir
+    torchtpu.compile_cache_dir(cache)
+    try:
+        for mode in ("strict", "defer_and_fuse"):
+            with torchtpu.eager_mode(mode):
+                model = _mlp().to("tpu")
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+                first = _steps(model, opt, 5, "tpu")
+                path = str(tmp_path / f"ckpt_{mode}.pt")
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+                runs[mode] = (first, _steps(model, opt, 5, "tpu", start=5))
+                args += [mode, path]
+    finally:
+        torchtpu.compile_cache_dir(previous)
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _RESUME, here, *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu", TORCHTPU_CACHE_DIR=cache))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("LOSSES "):
+            _, mode, losses = line.split(" ", 2)
+            resumed[mode] = eval(losses)
+    for mode, (first, rest) in runs.items():
+        assert resumed[mode] == rest, mode  # the same programs on the same device: bit for bit
+        torch.testing.assert_close(first + resumed[mode], cpu_losses, rtol=1e-4, atol=1e-5)

@@ -229,3 +229,6 @@ def install() -> None:
         from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend
 
         _generate_storage_methods_for_privateuse1_backend("tpu")
+    from . import host_memory
+
+    host_memory.install()  # pinned host memory: CPU storages that feed the device

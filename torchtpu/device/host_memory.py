@@ -1,0 +1,97 @@
+"""`pin_memory()`, `is_pinned()` and non-blocking copies to the host, for the tpu device.
+
+PyTorch implements these over the accelerator's C++ host allocator, which the
+pure-Python PrivateUse1 hooks cannot register (they raise "implement
+getPinnedMemoryAllocator"). Their ATen kernels are served here instead:
+
+- `_pin_memory` and `is_pinned` at the CPU key (they take a CPU tensor): pinned
+  blocks come from runtime/pinned.py. `t.pin_memory()`, `pin_memory("tpu")`,
+  `DataLoader(pin_memory=True)` and storages' `pin_memory()` all reach them.
+- `_to_copy` for tpu tensors: a non-blocking copy to the CPU returns pinned memory,
+  as CUDA's does; everything else runs PyTorch's own composite (redispatched at the
+  CPU key, where it is the kernel; its allocations and copy_ dispatch by device).
+
+The device-to-host copy itself completes before `.to("cpu", non_blocking=True)`
+returns. CUDA's contract (values are right once the user synchronizes) holds at
+once; the copy is not overlapped with the host because callers synchronize through
+`Stream.synchronize()` (torch.distributed.checkpoint does), which reaches the C++
+device guard, and a copy still in flight there would be read torn.
+`torch.empty(..., pin_memory=True)` still raises: CPU allocation never leaves C++.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import pinned
+
+_lib = torch.library.Library("aten", "IMPL")
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_to_copy_op = torch.ops.aten._to_copy.default
+
+
+def _check_device(device, op: str) -> None:
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "cpu":
+        raise RuntimeError("CPU device type not an accelerator.")
+    if device.type != "tpu":
+        raise RuntimeError(f"{op}: cannot pin memory for device '{device}'; the accelerator here is tpu")
+
+
+def is_pinned(self, device=None) -> bool:
+    if device is not None and torch.device(device).type != "tpu":
+        return False
+    return pinned.is_pinned_ptr(self.untyped_storage().data_ptr())
+
+
+def _pin_memory(self, device=None):
+    _check_device(device, "pin_memory")
+    out = pinned.empty_strided(tuple(self.shape), self.stride(), self.dtype) \
+        if _dense(self) else pinned.empty_strided(tuple(self.shape), _contiguous(self.shape), self.dtype)
+    out.copy_(self)
+    return out
+
+
+def _dense(t) -> bool:
+    """Non-overlapping and dense (a permutation of a contiguous layout): pinning keeps its strides."""
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _contiguous(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
+    if (non_blocking or pin_memory) and device is not None and torch.device(device).type == "cpu" \
+            and layout in (None, torch.strided):
+        # CUDA gives a pinned result for a non-blocking device->host copy.
+        kw["pin_memory"] = None
+        host = _to_copy_op.redispatch(_CPU, self, non_blocking=False, **kw)
+        return _pin_memory(host)
+    return _to_copy_op.redispatch(_CPU, self, non_blocking=non_blocking, **kw)
+
+
+_done = False
+
+
+def install() -> None:
+    global _done
+    if _done:
+        return
+    _lib.impl("is_pinned", is_pinned, "CPU")
+    _lib.impl("_pin_memory", _pin_memory, "CPU")
+    _lib.impl("_to_copy", _to_copy, "PrivateUse1")
+    _done = True
