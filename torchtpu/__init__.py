@@ -29,6 +29,9 @@ _deferred.install_hooks()
 from .eager import control_flow as _control_flow  # noqa: E402
 
 _control_flow.register()  # torch.cond, while_loop, scan, ... on tpu tensors
+from .compile import flex_attention as _flex_attention  # noqa: E402
+
+_flex_attention.allow_tpu()  # torch.nn.attention.flex_attention takes tpu tensors
 from . import distributed as _distributed  # noqa: E402,F401 - registers the c10d backend "tpu"
 from . import kernels as _user_kernels  # noqa: E402,F401 - jax_op, JAX interop, DLPack routing
 

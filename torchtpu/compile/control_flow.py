@@ -213,3 +213,8 @@ LOWERINGS = {
     associative_scan_op: _associative_scan,
     invoke_subgraph: _invoke_subgraph,
 }
+
+
+from .flex_attention import LOWERINGS as _FLEX  # noqa: E402
+
+LOWERINGS.update(_FLEX)
