@@ -108,6 +108,24 @@ def set_debug_nans(enabled: bool) -> None:
     _modes.set_debug_nans(enabled)
 
 
+def set_checks(enabled: bool) -> None:
+    """Turn device-side checks on (default) or off. On, an out-of-range index (gather,
+    scatter, index_select, embedding, advanced indexing, take/put, nll_loss targets), an
+    integer division by zero or an invalid probability raises CPU PyTorch's error at the
+    next host read; off, programs keep XLA's semantics (clamped gathers, dropped scatters)
+    and carry no flag. The environment variable TORCHTPU_CHECKS=0 turns them off at import."""
+    from .eager import checks as _checks
+
+    _checks.set_checks(enabled)
+
+
+def checks_enabled() -> bool:
+    """Whether device-side checks are on."""
+    from .ops import checks as _checks
+
+    return _checks.enabled()
+
+
 def metrics() -> dict:
     """Counters since start (or the last reset_metrics()).
 
@@ -179,6 +197,8 @@ __all__ = [
     "get_eager_mode",
     "eager_mode",
     "set_debug_nans",
+    "set_checks",
+    "checks_enabled",
     "metrics",
     "reset_metrics",
     "set_fallback",

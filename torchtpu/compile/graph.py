@@ -28,6 +28,7 @@ from jax._src.lax.lax import _convert_element_type
 
 from ..metrics import fallback as count_fallback
 from ..eager import fallback as eager_fallback
+from ..ops import checks as _checks
 from ..ops import registry
 from ..runtime import geometry, rng
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
@@ -155,7 +156,8 @@ class Program:
                 if low is not None and low.random:
                     key = jax.random.fold_in(base_key, n_random)
                     n_random += 1
-                env[node] = self._run(node, target, low, args, kwargs, key)
+                with _checks.scope(overload_name(target), where=_user_line(node)):
+                    env[node] = self._run(node, target, low, args, kwargs, key)
             elif node.op == "output":
                 # a host node's output comes from the host part (None here)
                 result = torch.fx.node.map_arg(node.args[0], lambda n: env.get(n))
@@ -178,6 +180,21 @@ class Program:
             # an in-place-only overload (normal_, random_) left in a functional graph: its value
             return registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), key)
         return _cpu_callback(node, target, args, kwargs)
+
+
+def _user_line(node) -> str | None:
+    """The user's line that issued a graph node (its recorded stack trace's last frame)."""
+    if _checks.active() is None:
+        return None
+    trace = node.meta.get("stack_trace") or ""
+    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return None
+    # 'File "x.py", line 12, in f' -> 'x.py:12 in f'
+    parts = frames[-1][5:].split(", ")
+    if len(parts) >= 3 and parts[1].startswith("line "):
+        return f"{parts[0].strip(chr(34))}:{parts[1][5:]} {parts[2]}"
+    return frames[-1]
 
 
 def _constant(value):

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from ..metrics import bump
+from ..ops import checks as _checks
+from ..runtime import checks as _pending_checks
 from ..runtime import donation, geometry, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from . import collectives
@@ -154,7 +156,10 @@ class CompiledGraph:
                     inputs.append(s[1])
                 else:
                     inputs.append(None)
-            outs, mutated = program(inputs, rngdata, _unpack_host(host_values, sig[-1]) if program.host is not None else ())
+            with _checks.collect() as checks:
+                outs, mutated = program(inputs, rngdata,
+                                        _unpack_host(host_values, sig[-1]) if program.host is not None else ())
+            learned["checks"] = tuple(checks.checks) if checks is not None else ()
             outs = [None if i in reuse else o for i, o in enumerate(outs)]
             # the new contents of each mutated input's storage
             written = {}
@@ -175,7 +180,8 @@ class CompiledGraph:
             # outputs leave flat: a reshape outside the program would be a dispatch of its own
             outs = [None if o is None else jnp.asarray(o) for o in outs]
             learned["shapes"] = [None if o is None else tuple(o.shape) for o in outs]
-            return [None if o is None else o.reshape(-1) for o in outs], written, packed
+            flags = checks.packed() if checks is not None else None  # one flag array per program
+            return [None if o is None else o.reshape(-1) for o in outs], written, packed, flags
 
         if program.collectives is not None:
             return collectives.spmd(run, program.collectives, bool(donate)), learned
@@ -208,7 +214,7 @@ class CompiledGraph:
             sig = sig + (layout,)
         donate = self._donatable(sig, bufs, entries) if self.program.mutated_inputs else ()
         precision.sync()
-        key = (sig, donate, precision.current())  # a new matmul precision compiles anew
+        key = (sig, donate, precision.current(), _checks.enabled())  # a new matmul precision compiles anew
         got = self._jits.get(key)
         if got is None:
             with self._lock:
@@ -230,9 +236,9 @@ class CompiledGraph:
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
         if donate:
-            outs, written, packed = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
+            outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
         else:
-            outs, written, packed = fn((), bufs, rngdata, host_values)
+            outs, written, packed, flags = fn((), bufs, rngdata, host_values)
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
@@ -267,7 +273,26 @@ class CompiledGraph:
             else:
                 results.append(None)
         args.clear()
+        if flags is not None:
+            _flagged(learned["checks"], flags, [(entries[i], new) for i, new in written.items()],
+                     [r for pos, r in enumerate(results) if pos not in reuse])
         return results
+
+
+def _flagged(declared, flags, writes, results) -> None:
+    """Keep a program's check flags for the next host read; a tripped one loses the
+    storages the program wrote (its outputs and mutated inputs)."""
+    from ..eager import modes
+
+    writes = list(writes)
+    for t in results:
+        if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+            e = storage._table.get(t.untyped_storage()._cdata)
+            if e is not None:
+                writes.append((e, e.buf))
+    _pending_checks.add(flags, declared, None, writes)
+    if modes.get() == "debug":
+        _pending_checks.raise_pending()
 
 
 def _view_of_input(node, written):

@@ -87,6 +87,9 @@ def synchronize(device=None) -> None:
     _check(device)
     deferred.flush("synchronize")
     inflight.wait_all()
+    from ..runtime import checks
+
+    checks.raise_pending()  # device-side check failures surface here, as CUDA's asserts do
 
 
 def manual_seed(seed: int) -> None:

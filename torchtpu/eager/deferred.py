@@ -23,6 +23,8 @@ import weakref
 import jax
 
 from .. import metrics
+from ..ops import checks as _checks
+from ..runtime import checks as _pending_checks
 from ..runtime import donation, rng
 from . import scalars as _scalars
 
@@ -232,6 +234,7 @@ def _note(e: BaseException, node) -> None:
 
 def _make_fused(nodes, out_refs, codes, donate, group=None):
     programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
+    declared: list = []  # the region's device-side checks, learned at trace
 
     def fused(donated, kept, packed, rngs):
         inputs = donation.merge(donated, kept, donate)
@@ -239,29 +242,54 @@ def _make_fused(nodes, out_refs, codes, donate, group=None):
         vals = {}
         si = 0
         ri = 0
-        for j, (program, refs, ns, has_rng, node) in enumerate(programs):
-            bufs = tuple(
-                None if r is None else (inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])]) for r in refs
-            )
-            rngdata = rngs[ri] if has_rng else ()
-            ri += has_rng
-            try:
-                outs, updated = program(bufs, tuple(scalars[si:si + ns]), rngdata)
-            except Exception as e:
-                _note(e, node)
-                raise
-            si += ns
-            for k, o in enumerate(outs):
-                vals[(j, k)] = o
-            for s, b in updated.items():
-                vals[(j, ("u", s))] = b
-        return tuple(vals[r] for r in out_refs)
+        with _checks.collect() as checks:
+            for j, (program, refs, ns, has_rng, node) in enumerate(programs):
+                bufs = tuple(
+                    None if r is None else (inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])]) for r in refs
+                )
+                rngdata = rngs[ri] if has_rng else ()
+                ri += has_rng
+                try:
+                    with _checks.scope(node.name, node=j):
+                        outs, updated = program(bufs, tuple(scalars[si:si + ns]), rngdata)
+                except Exception as e:
+                    _note(e, node)
+                    raise
+                si += ns
+                for k, o in enumerate(outs):
+                    vals[(j, k)] = o
+                for s, b in updated.items():
+                    vals[(j, ("u", s))] = b
+        results = tuple(vals[r] for r in out_refs)
+        # one packed flag array for the whole region, after its outputs
+        flags = checks.packed() if checks is not None else None
+        declared[:] = checks.checks if checks is not None else ()
+        return results if flags is None else results + (flags,)
 
     if group is not None:
         from ..compile import collectives
 
-        return collectives.spmd(fused, group, bool(donate))
-    return jax.jit(fused, donate_argnums=(0,) if donate else ())
+        fn = collectives.spmd(fused, group, bool(donate))
+    else:
+        fn = jax.jit(fused, donate_argnums=(0,) if donate else ())
+    return _Fused(fn, declared)
+
+
+class _Fused:
+    """A region's executable and the device-side checks it declares."""
+
+    __slots__ = ("fn", "checks")
+
+    def __init__(self, fn, checks):
+        self.fn = fn
+        self.checks = checks
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _where(origin) -> str | None:
+    return f"{origin[0]}:{origin[1]} in {origin[2]}" if origin else None
 
 
 def _donatable(inputs) -> tuple:
@@ -283,6 +311,7 @@ def _replay(g, inputs, out_refs):
     vals = {}
     scalars = g.scalars
     si = 0
+    flagged = []
     for j, node in enumerate(g.nodes):
         c = node.compiled
         bufs = tuple(
@@ -292,10 +321,13 @@ def _replay(g, inputs, out_refs):
         dyn = scalars[si:si + ns]
         si += ns
         try:
-            outs, updated = c.fn(bufs, _scalars.pack(dyn, c.fn.codes), node.rng if node.rng is not None else ())
+            got = c.fn(bufs, _scalars.pack(dyn, c.fn.codes), node.rng if node.rng is not None else ())
         except Exception as e:
             _note(e, node)
             raise
+        outs, updated = got[0], got[1]
+        if len(got) > 2 and got[2] is not None:
+            flagged.append((got[2], c.checks, _where(node.origin)))
         count_run(c)
         metrics.bump("executions")
         _replayed.add(c)
@@ -303,7 +335,7 @@ def _replay(g, inputs, out_refs):
             vals[(j, k)] = o
         for s, b in updated.items():
             vals[(j, ("u", s))] = b
-    return tuple(vals[r] for r in out_refs)
+    return tuple(vals[r] for r in out_refs), flagged
 
 
 def flush(reason: str) -> None:
@@ -337,8 +369,9 @@ def flush(reason: str) -> None:
                 from ..distributed import fused as _dist_fused
 
                 replay = not _dist_fused.agree(g.collectives, fkey, g.nodes)
+            flagged = ()
             if replay:
-                results = _replay(g, inputs, out_refs)
+                results, flagged = _replay(g, inputs, out_refs)
                 metrics.bump("regions_replayed")
                 if g.churn:
                     # every op that brought a new shape into a storm is suspect from now on
@@ -358,6 +391,9 @@ def flush(reason: str) -> None:
                     metrics.bump("regions_with_collectives")
                 else:
                     results = fn(*args)
+                if len(results) > len(out_refs):  # the region's packed check flags
+                    flagged = ((results[-1], fn.checks, [n.origin for n in g.nodes]),)
+                    results = results[:len(out_refs)]
                 del args
                 del donated
                 metrics.bump("executions")
@@ -369,6 +405,9 @@ def flush(reason: str) -> None:
             raise
         for (e, _), r in zip(live, results):
             e.buf = r
+        for flags, declared, where in flagged:
+            # a tripped check loses the region's outputs: they hold XLA's clamped values
+            _pending_checks.add(flags, declared, where, [(e, r) for (e, _), r in zip(live, results)])
         metrics.bump("regions_executed")
         metrics.bump("region_ops", len(g.nodes))
         metrics.bump(f"materialize:{reason}")

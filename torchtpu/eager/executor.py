@@ -21,6 +21,8 @@ import torch
 from .. import metrics
 from ..ops import registry
 from ..ops.registry import Lowering
+from ..ops import checks as _checks
+from ..runtime import checks as _pending_checks
 from ..runtime import donation, geometry, precision, rng, storage, tensors
 from . import deferred, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
@@ -31,7 +33,7 @@ _SCALARS = (bool, int, float, complex)
 
 
 class _Compiled:
-    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating")
+    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating", "checks")
 
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
@@ -43,6 +45,7 @@ class _Compiled:
         self.key = None  # the cache key (geometry, static args): see shape_free_key
         self.partial = None  # storages an in-place op writes only part of, in big buffers
         self.donating = None  # donation pattern -> jit that may overwrite those buffers
+        self.checks = ()  # the device-side checks its lowering declared (learned at trace)
 
     def shape_free_key(self):
         """The cache key without sizes, strides and offsets: calls of one op that differ
@@ -289,7 +292,7 @@ def _abstract(compiled: _Compiled, entries, dyn, random: bool) -> None:
     packed = tuple(
         jax.ShapeDtypeStruct((n,), _PACKED_DTYPES[k]) if n else None for k, n in enumerate(counts)
     )
-    _, updated = compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
+    _, updated, _ = compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
     compiled.updated = tuple(sorted(updated))
     metrics.bump("abstract_evals")
 
@@ -313,15 +316,27 @@ def _fast_options() -> dict:
     return _FAST_OPTIONS_CPU if platform() == "cpu" else _FAST_OPTIONS
 
 
-def _jit_packed(program, codes, fast: bool = False):
-    """jax.jit of `program` taking its runtime scalars packed (see eager/scalars.py)."""
+def _jit_packed(program, codes, fast: bool = False, compiled: _Compiled | None = None):
+    """jax.jit of `program` taking its runtime scalars packed (see eager/scalars.py);
+    it returns (outputs, updated storages, packed device-side check flags or None)."""
 
     def packed_program(bufs, packed, rngdata):
-        return program(bufs, tuple(scalars.unpack(packed, codes)), rngdata)
+        return _with_checks(compiled, program, bufs, tuple(scalars.unpack(packed, codes)), rngdata)
 
     fn = jax.jit(packed_program, compiler_options=_fast_options()) if fast else jax.jit(packed_program)
     fn.codes = codes
     return fn
+
+
+def _with_checks(compiled, program, bufs, scalars_, rngdata):
+    """Trace `program` collecting its lowering's device-side checks into one flag output."""
+    with _checks.collect() as c:
+        outs, updated = program(bufs, scalars_, rngdata)
+    if c is None:
+        return outs, updated, None
+    if compiled is not None:
+        compiled.checks = tuple(c.checks)
+    return outs, updated, c.packed()
 
 
 def _fast_compile(compiled: _Compiled) -> bool:
@@ -365,7 +380,7 @@ def _donating(compiled: _Compiled, donate: tuple):
 
         def packed_program(donated, kept, packed, rngdata):
             bufs = donation.merge(donated, kept, donate)
-            return program(tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
+            return _with_checks(compiled, program, tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
 
         fn = compiled.donating[donate] = jax.jit(packed_program, donate_argnums=(0,))
     return fn
@@ -423,7 +438,7 @@ def execute(low: Lowering, args, kwargs):
         compiled = _Compiled()
         compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
-        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _fast_compile(compiled))
+        compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _fast_compile(compiled), compiled)
         with _cache_lock:
             _cache[key] = compiled
     if modes._state["mode"] == "defer_and_fuse":
@@ -456,12 +471,12 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
             kept = list(bufs)
             bufs = None
             donated = donation.split(kept, donate)
-            outs, updated = _donating(compiled, donate)(donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes),
-                                                        rngdata)
+            outs, updated, flags = _donating(compiled, donate)(
+                donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
             del donated
             metrics.bump("donated_writes")
         else:
-            outs, updated = compiled.fn(bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
+            outs, updated, flags = compiled.fn(bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():
@@ -476,12 +491,28 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     if low.mode == "inplace":
         for s, b in updated.items():
             entries[s].buf = b
+        if flags is not None:
+            _flagged(low, compiled, mode, [(entries[s], b) for s, b in updated.items()], flags)
         return _finish(low, compiled, args, kwargs, None)
     if compiled.structure == "none":
+        if flags is not None:  # an assertion (_assert_async): a check and nothing else
+            _flagged(low, compiled, mode, [], flags)
         return None
     it = iter(outs)
     results = [None if o is None else tensors.empty(o[0], o[1], next(it)) for o in compiled.outs]
+    if flags is not None:
+        _flagged(low, compiled, mode, [(storage.lookup(t), storage.lookup(t).buf) for t in results
+                                       if t is not None], flags)
     return _finish(low, compiled, args, kwargs, results)
+
+
+def _flagged(low, compiled, mode, writes, flags) -> None:
+    """Keep the op's check flags for the next host read (at once in debug mode)."""
+    where = deferred._origin()
+    _pending_checks.add(flags, compiled.checks, f"{where[0]}:{where[1]} in {where[2]}" if where else None,
+                        writes)
+    if mode == "debug":
+        _pending_checks.raise_pending()
 
 
 def count_run(compiled: _Compiled) -> None:

@@ -1,6 +1,7 @@
 """ATen -> JAX lowerings, one module per op family. Importing this fills the table."""
 from . import (  # noqa: F401
     amp,
+    asserts,
     attention,
     factories,
     fft,

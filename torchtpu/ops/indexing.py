@@ -1,12 +1,14 @@
 """Indexing, gather/scatter, masking.
 
 Index validity: PyTorch raises on an out-of-range index. Inside a compiled
-program we cannot raise, so (like XLA) an out-of-range index is *not* checked:
-gathers (index, index_select, gather, take) clamp it into range and scatters
-(index_put, scatter*, index_add/copy/fill, put) drop the update. Negative
-indices follow PyTorch where PyTorch accepts them (index, index_put, take, put
-wrap them like Python indices); where PyTorch rejects them (gather, scatter,
-index_select, ...) they are clamped / dropped like any other invalid index.
+program we cannot raise, so each lowering declares a device-side check
+(ops/checks.py) with CPU's exception class and message, raised at the next host
+read; the program itself keeps XLA's semantics: gathers (index, index_select,
+gather, take) clamp an invalid index into range and scatters (index_put,
+scatter*, index_add/copy/fill, put) drop the update (what runs with
+TORCHTPU_CHECKS=0). Negative indices follow PyTorch where PyTorch accepts them
+(index, index_put, take, put wrap them like Python indices); where PyTorch
+rejects them (gather, scatter, index_select, ...) they fail the check.
 
 Data-dependent output shapes (nonzero, masked_select, unique, indexing with a
 boolean mask) are hand-written kernels: they compute on the device and read
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype
+from . import checks
 from .registry import LOWERINGS, kernel, lower
 
 
@@ -84,8 +87,28 @@ def _index_tuple(self, indices):
     return tuple(idx)
 
 
+def _check_advanced(self, indices):
+    """x[idx] / x[idx] = v: each index tensor addresses its own dimension, negatives
+    from the end (masks were turned into positions or are checked by shape)."""
+    d = 0
+    k = 0  # CPU numbers the dimension among the indexed ones: x[:, i] reports "dimension 0"
+    for a in indices:
+        if a is None or isinstance(a, slice):
+            d += 1
+            continue
+        if _is_mask(a):
+            d += a.ndim
+            k += a.ndim
+            continue
+        if d < self.ndim:
+            checks.index_in_range(a, self.shape[d], k, negative=True, exc=IndexError)
+        d += 1
+        k += 1
+
+
 @_private("index.Tensor")
 def _index_low(self, indices):
+    _check_advanced(self, indices)
     return self.at[_index_tuple(self, indices)].get(mode="clip")
 
 
@@ -158,6 +181,7 @@ def _single_mask(self, indices):
 
 
 def _index_put_fn(self, indices, values, accumulate=False, unsafe=False):
+    _check_advanced(self, indices)
     values = values.astype(self.dtype)
     single = _single_mask(self, indices)
     if single is not None:
@@ -233,20 +257,35 @@ def index_put(self, indices, values, accumulate=False):
 # --- index_select / gather / scatter ---------------------------------------
 
 
+def _out_of_range_in_self(v, _):
+    return "index out of range in self"
+
+
 @lower("index_select")
 def index_select(self, dim, index):
     if self.ndim == 0:
+        checks.index_in_range(index, 1, message=_out_of_range_in_self)
         return jnp.take(self.reshape(1), index.reshape(-1), axis=0, mode="clip").reshape(())
     dim = _wrap(dim, self.ndim)
+    checks.index_in_range(index, self.shape[dim], dim, message=_out_of_range_in_self)
     return jnp.take(self, index.reshape(-1), axis=dim, mode="clip")
+
+
+@lower("embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """weight[indices] (PyTorch's composite is index_select + view: one program here)."""
+    checks.index_in_range(indices, weight.shape[0], message=_out_of_range_in_self)
+    return jnp.take(weight, indices, axis=0, mode="clip")
 
 
 @lower("gather")
 def gather(self, dim, index, sparse_grad=False):
     if index.ndim == 0 or self.ndim == 0:
         s = self.reshape(-1)
+        checks.index_in_range(index, s.shape[0], 0, exc=RuntimeError)
         return jnp.take(s, index.reshape(-1), mode="clip").reshape(index.shape)
     dim = _wrap(dim, self.ndim)
+    checks.index_in_range(index, self.shape[dim], dim, exc=RuntimeError)
     if index.size == 0:
         return jnp.zeros(index.shape, self.dtype)
     return self.at[_grid(index, dim)].get(mode="clip")
@@ -255,7 +294,9 @@ def gather(self, dim, index, sparse_grad=False):
 def _scatter_idx(self, dim, index):
     if self.ndim == 0:
         return None
-    return _grid(index, _wrap(dim, self.ndim))
+    dim = _wrap(dim, self.ndim)
+    checks.index_in_range(index, self.shape[dim], dim, exc=RuntimeError)
+    return _grid(index, dim)
 
 
 def _identity(dtype, reduce):
@@ -308,6 +349,7 @@ def _scatter(self, dim, index, src, reduce):
     if index.size == 0:
         return self
     if self.ndim == 0:
+        checks.index_in_range(index, 1, 0, exc=RuntimeError)
         s = self.reshape(1)
         i = index.reshape(1)
         src = jnp.asarray(src).reshape(1).astype(self.dtype)
@@ -344,6 +386,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if index.size == 0:
         return self
     if self.ndim == 0:
+        checks.index_in_range(index, 1, 0, exc=RuntimeError)
         out = _reduce_into(self.reshape(1), (index.reshape(1),), src.reshape(1).astype(self.dtype), reduce,
                            include_self)
         return out.reshape(())
@@ -351,9 +394,18 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     return _reduce_into(self, idx, _fit(src, index.shape).astype(self.dtype), reduce, include_self)
 
 
-def _dim_index(self, dim, index):
+def _dim_index(self, dim, index, exc=IndexError, prefix="", negative=False):
     dim = _wrap(dim, max(self.ndim, 1))
     index = index.reshape(-1)
+    size = self.shape[dim] if self.ndim else 1
+
+    def message(v, _):
+        return f"{prefix}index {v} is out of bounds for dimension {dim} with size {size}"
+
+    if exc is None:  # CPU's index_select-like path: 1-d index_add
+        checks.index_in_range(index, size, dim, message=_out_of_range_in_self)
+    else:
+        checks.index_in_range(index, size, dim, exc=exc, message=message, negative=negative)
     return dim, index
 
 
@@ -363,19 +415,19 @@ def index_add(self, dim, index, source, *, alpha=1):
         src = source.astype(jnp.bool_) & (jnp.asarray(alpha) != 0)
     else:
         src = (source * alpha).astype(self.dtype)
+    dim, index = _dim_index(self, dim, index, RuntimeError if self.ndim > 1 else None)
     if self.ndim == 0:
         return _reduce_into(self.reshape(1), (index.reshape(-1),), src.reshape(-1), "add").reshape(())
-    dim, index = _dim_index(self, dim, index)
     src = src if src.ndim == self.ndim else src.reshape(src.shape + (1,) * (self.ndim - src.ndim))
     return _reduce_into(self, _along(self, dim, index), src, "add")
 
 
 @lower("index_copy")
 def index_copy(self, dim, index, source):
+    dim, index = _dim_index(self, dim, index, IndexError, "index_copy_(): ")
     if self.ndim == 0:
         return self.reshape(1).at[index.reshape(-1)].set(source.reshape(-1).astype(self.dtype),
                                                          mode="drop").reshape(())
-    dim, index = _dim_index(self, dim, index)
     return self.at[_along(self, dim, index)].set(source.reshape(
         self.shape[:dim] + (index.shape[0],) + self.shape[dim + 1:]).astype(self.dtype), mode="drop")
 
@@ -383,9 +435,9 @@ def index_copy(self, dim, index, source):
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor")
 def index_fill(self, dim, index, value):
     v = jnp.asarray(value).astype(self.dtype)
+    dim, index = _dim_index(self, dim, index, IndexError, negative=True)  # CPU wraps negatives here
     if self.ndim == 0:
         return self.reshape(1).at[index.reshape(-1)].set(v, mode="drop").reshape(())
-    dim, index = _dim_index(self, dim, index)
     return self.at[_along(self, dim, index)].set(v, mode="drop")
 
 
@@ -393,10 +445,12 @@ def index_fill(self, dim, index, value):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    dim = _wrap(dim, max(self.ndim, 1))
+    index = index.reshape(-1)
+    checks.index_in_range(index, self.shape[dim] if self.ndim else 1, dim, message=_out_of_range_in_self)
     if self.ndim == 0:
         return _reduce_into(self.reshape(1), (index.reshape(-1),), source.reshape(-1).astype(self.dtype), reduce,
                             include_self).reshape(())
-    dim, index = _dim_index(self, dim, index)
     src = source.reshape(self.shape[:dim] + (index.shape[0],) + self.shape[dim + 1:]).astype(self.dtype)
     return _reduce_into(self, _along(self, dim, index), src, reduce, include_self)
 
@@ -416,9 +470,16 @@ def masked_scatter(self, mask, source):
     return jnp.where(m, picked, s.reshape(-1)).reshape(shape)
 
 
+def _take_message(n):
+    def message(v, _):
+        return f"out of range: tried to access index {v} on a tensor of {n} elements."
+    return message
+
+
 @lower("take")
 def take(self, index):
     flat = self.reshape(-1)
+    checks.index_in_range(index, flat.size, negative=True, message=_take_message(flat.size))
     if flat.size == 0:
         return jnp.zeros(index.shape, self.dtype)
     return flat.at[jnp.where(index < 0, index + flat.size, index)].get(mode="clip")
@@ -428,6 +489,7 @@ def take(self, index):
 def put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     i = index.reshape(-1)
+    checks.index_in_range(i, flat.size, negative=True, message=_take_message(flat.size))
     i = jnp.where(i < 0, i + flat.size, i)
     src = source.reshape(-1).astype(self.dtype)
     if accumulate:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import checks
 from .promotion import result_dtypes
 from .registry import DEFAULT, lower
 
@@ -48,6 +49,9 @@ def _nll_parts(self, target, weight, ignore_index, class_axis):
     w = jnp.ones((C,), x.dtype) if weight is None else weight.astype(x.dtype)
     t = target.astype(jnp.int64)
     valid = t != ignore_index
+    # CPU raises on a target outside [0, C) that is not ignore_index; XLA would clamp it
+    bad = valid & ((t < 0) | (t >= C))
+    checks.report(bad, checks.first(bad, t), exc=IndexError, message=lambda v, _: f"Target {v} is out of bounds.")
     tc = jnp.where(valid, t, 0)
     picked = jnp.take_along_axis(x, jnp.expand_dims(tc, class_axis), axis=class_axis)
     picked = jnp.squeeze(picked, class_axis)

@@ -500,8 +500,14 @@ def _bags(offsets, n_idx, include_last_offset):
 
 
 def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    from . import checks
+
     n = indices.shape[0]
     d = weight.shape[1]
+    nw = weight.shape[0]
+    bad = (indices < 0) | (indices >= nw)
+    checks.report(bad, jnp.argmax(bad.reshape(-1)) if n else 0, checks.first(bad, indices),
+                  message=lambda i, v: f"Index {i} of input takes value {v} which is not in the valid range [0, {nw})")
     _, nb, bag = _bags(offsets, n, include_last_offset)
     keep = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), bool)
     if include_last_offset:

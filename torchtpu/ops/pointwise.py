@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import checks as _checks
 from .promotion import promote as _promote
 from .promotion import result_dtypes as _result_dtypes
 from .registry import (
@@ -164,13 +165,22 @@ def div(self, other):
     return self / other
 
 
+def _check_int_divisor(b) -> None:
+    """CPU raises on an integer division or remainder by zero; XLA returns a value."""
+    _checks.report(jnp.asarray(b) == 0, exc=RuntimeError, message="ZeroDivisionError")
+
+
 def _trunc_div_int(a, b):
     a, b = _bcast(a, b)
+    if _is_int(a):
+        _check_int_divisor(b)
     return lax.div(a, b)
 
 
 def _floor_div_int(a, b):
     a, b = _bcast(a, b)
+    if _is_int(a):
+        _check_int_divisor(b)
     q = lax.div(a, b)
     r = lax.rem(a, b)
     if _is_signed_int(a):
@@ -233,6 +243,8 @@ def _remainder(a, b):
     a, b = _bcast(a, b)
     if _is_bool(a):
         return a & ~b  # x % True == 0, x % False is undefined (PyTorch raises)
+    if _is_int(a):
+        _check_int_divisor(b)
     m = lax.rem(a, b)
     if _is_int(a) and not _is_signed_int(a):
         return m
@@ -249,6 +261,8 @@ def fmod(self, other):
     a, b = _bcast(self, other)
     if _is_bool(a):
         return a & ~b
+    if _is_int(a):
+        _check_int_divisor(b)
     return lax.rem(a, b)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from . import checks
 from .registry import lower
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
@@ -225,6 +226,10 @@ def bernoulli_p(self, p=0.5, generator=None, key=None):
 def bernoulli_tensor(self, p, generator=None, key=None):
     _check_generator(generator, "bernoulli_")
     cdt = _compute_dtype(p.dtype) if _is_float(p.dtype) else jnp.float32
+    pc = jnp.asarray(p).astype(cdt)
+    checks.report(~jnp.all((pc >= 0) & (pc <= 1)),
+                  message="Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message "
+                          "be improved?  If so, please report an enhancement request to PyTorch.)")
     u = jax.random.uniform(key, self.shape, cdt)
     return (u < jnp.broadcast_to(p, self.shape).astype(cdt)).astype(self.dtype)
 
@@ -344,6 +349,11 @@ def multinomial(self, num_samples, replacement=False, generator=None, key=None):
     rows = probs.shape[0]
     if rows == 0:
         return jnp.zeros(self.shape[:-1] + (num_samples,), jnp.int64)
+    # CPU's checks on the distribution, as device-side flags
+    checks.report(~jnp.all(jnp.isfinite(probs) & (probs >= 0)),
+                  message="probability tensor contains either `inf`, `nan` or element < 0")
+    checks.report(jnp.any(jnp.sum(probs, axis=-1) <= 0),
+                  message="invalid multinomial distribution (sum of probabilities <= 0)")
     logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1)), -jnp.inf)
     if replacement:
         out = jax.random.categorical(key, logp, axis=-1, shape=(num_samples, rows)).T

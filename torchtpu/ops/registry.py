@@ -25,6 +25,8 @@ COMPLEX_TO_FLOAT = _K.COMPLEX_TO_FLOAT
 BOOL_TO_LONG = _K.BOOL_TO_LONG
 NO_OPMATH = _K.NO_OPMATH
 
+from . import checks as _checks  # noqa: E402
+
 # Scalar-typed arguments that take part in dtype promotion unless a lowering says otherwise.
 _PROMOTED_SCALARS = {"self", "other", "exponent", "end", "input"}
 
@@ -271,7 +273,12 @@ def apply(low: Lowering, args: list, kwargs: dict, key=None):
                 args[names.index(n)] = v
     if low.random:
         kwargs["key"] = key
-    result = low.fn(*args, **kwargs)
+    c = _checks.active()
+    if c is None:
+        result = low.fn(*args, **kwargs)
+    else:  # device-side checks the lowering declares are this op's
+        with _checks.scope(low.name):
+            result = low.fn(*args, **kwargs)
     if low.promote is not None and result is not None and not isinstance(result, (tuple, list)):
         result = result.astype(res_dtype)
     return result

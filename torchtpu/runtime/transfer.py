@@ -95,8 +95,13 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """A new CPU tensor holding a tpu tensor's value (blocks until it is computed)."""
-    a = _host_value(t)
+    """A new CPU tensor holding a tpu tensor's value (blocks until it is computed).
+    A host read is where device-side check failures surface (runtime/checks.py)."""
+    from . import checks
+
+    a = _host_value(t)  # (runs the deferred region that computes it, if any)
+    if checks._pending or checks._tripped:
+        checks.raise_pending()
     metrics.bump("transfers_to_host")
     metrics.bump("bytes_to_host", a.nbytes)
     return numpy_to_torch(a).reshape(t.shape)
