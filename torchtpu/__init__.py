@@ -25,6 +25,10 @@ _kernels.register_runtime()
 _kernels.register_kernels()
 _kernels.register_lowerings()
 
+from .runtime import precision as _precision  # noqa: E402
+
+_precision.sync()  # JAX's matmul precision follows torch's from the first program on
+
 _deferred.install_hooks()
 from .eager import control_flow as _control_flow  # noqa: E402
 
