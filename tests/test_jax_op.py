@@ -120,14 +120,14 @@ def test_torch_compile_fullgraph_inlines_the_op(no_fallback):
 def test_opcheck_passes():
     """PyTorch's opcheck, its default test utils. test_autograd_registration refuses every
     device but CPU/CUDA/XPU (NotImplementedError in PyTorch), so on tpu tensors it runs the
-    other defaults; on CPU tensors (the same op through JAX on the host) all of them."""
+    other defaults; on CPU tensors (the same op through JAX on the host) that one."""
     from torch.library import opcheck
     from torch.testing._internal.optests.generate_tests import DEFAULT_TEST_UTILS
 
     on_tpu = [u for u in DEFAULT_TEST_UTILS if u != "test_autograd_registration"]
     x, w = (t.to("tpu").requires_grad_() for t in _inputs())
     opcheck(SWIGLU, (x, w), test_utils=on_tpu)
-    opcheck(SWIGLU, tuple(t.requires_grad_() for t in _inputs()))
+    opcheck(SWIGLU, tuple(t.requires_grad_() for t in _inputs()), test_utils="test_autograd_registration")
 
 
 def test_static_arguments_tuple_output_and_integer_output_without_gradient():
@@ -182,11 +182,11 @@ def test_wrong_shape_or_dtype_raises_naming_the_op_at_the_call(mode):
     op = torchtpu.jax_op(name, lax_add)
     with torchtpu.eager_mode(mode):
         with pytest.raises(RuntimeError, match=r"(?s)jaxop_test::swiglu.*\(4, 8\).*\(5, 6\)"):
-            SWIGLU(torch.randn(4, 8, device="tpu"), torch.randn(5, 6, device="tpu"))
+            SWIGLU(torch.randn(4, 8).to("tpu"), torch.randn(5, 6).to("tpu"))
         with pytest.raises(RuntimeError, match=rf"(?s){name}.*float32.*float64"):
-            op(torch.randn(3, device="tpu"), torch.randn(3, device="tpu", dtype=torch.float64))
+            op(torch.randn(3).to("tpu"), torch.randn(3, dtype=torch.float64).to("tpu"))
         with pytest.raises(RuntimeError, match=__file__.replace(".", r"\.")):
-            op(torch.randn(3, device="tpu"), torch.randn(4, device="tpu"))
+            op(torch.randn(3).to("tpu"), torch.randn(4).to("tpu"))
 
 
 def test_registration_errors():
@@ -310,3 +310,124 @@ def test_dlpack_both_ways():
     assert torch.from_dlpack(torch.arange(3)).device.type == "cpu"
     if torchtpu.platform() == "cpu":
         assert torch.from_dlpack(jnp.arange(3.0)).device.type == "cpu"
+
+
+# --- the README's examples -------------------------------------------------------------------
+
+
+def _readme_examples():
+    import os
+    import re
+
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    section = text.split("## Custom kernels", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_readme_custom_kernel_examples_run_as_written(no_fallback, capsys):
+    examples = _readme_examples()
+    assert len(examples) == 3
+    for code in examples:
+        if "tokamax" in code:
+            pytest.importorskip("tokamax", reason="tokamax is not installed (pip install torchtpu[kernels])")
+        exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert float(printed[-1]) < 1e-4  # Tokamax attention vs F.scaled_dot_product_attention
+
+
+# --- SPMD programs: DDP with the op inside fused regions and compiled graphs ------------------
+
+
+@pytest.mark.slow  # two processes, about a minute on 2 cores
+def test_ddp_with_the_op_in_fused_regions_and_compiled_programs():
+    """Two ranks train a layer holding a jax_op under DDP in defer_and_fuse, where a step is
+    one SPMD program with the all-reduce inside, matching one CPU process on the whole batch;
+    and a compiled function all-reduces the op's output inside its one SPMD program."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import multiproc
+
+    procs = multiproc.launch(os.path.abspath(__file__), "ddp", timeout=240)
+    res = [multiproc.result(p) for p in procs]
+    for r in res:
+        assert r["fallbacks"] == {}
+        assert r["fused_regions"] > 0  # the DDP steps ran as regions with their all-reduces
+    mean = [sum(x) / len(x) for x in zip(*(r["defer_and_fuse"] for r in res))]
+    np.testing.assert_allclose(mean, res[0]["ref"], rtol=1e-5)
+    for r in res:
+        np.testing.assert_allclose(r["compiled"], r["compiled_ref"], rtol=1e-5, atol=1e-5)
+        assert r["compiled_collectives"] > 0
+
+
+def _ddp_worker() -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("tpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    class Block(torch.nn.Module):
+        def __init__(self, swiglu):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 8)
+            self.w = torch.nn.Parameter(torch.randn(8, 12) / 3)
+            self.out = torch.nn.Linear(6, 1)
+            self.swiglu = swiglu
+
+        def forward(self, x):
+            return self.out(self.swiglu(self.inp(x), self.w))
+
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4 * world, 8, generator=g), torch.randn(4 * world, 1, generator=g)) for _ in range(4)]
+
+    def train(model, device, shard):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        step = model
+        losses = []
+        for x, y in data:
+            if shard:
+                x, y = x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4]
+            loss = F.mse_loss(step(x.to(device)), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return [v.item() for v in losses]
+
+    out = {}
+    torch.manual_seed(0)
+    ref = Block(_swiglu_torch)
+    state = ref.state_dict()
+    torchtpu.reset_metrics()
+    model = Block(SWIGLU)
+    model.load_state_dict(state)
+    with torchtpu.eager_mode("defer_and_fuse"):
+        out["defer_and_fuse"] = train(DDP(model.to("tpu")), "tpu", True)
+    out["fused_regions"] = torchtpu.metrics().get("regions_with_collectives", 0)
+    out["ref"] = train(ref, "cpu", False)
+
+    import torch.distributed._functional_collectives as funcol
+
+    xs = [torch.randn(4, 8, generator=g) for _ in range(world)]
+    w = torch.randn(8, 12, generator=g)
+    compiled = torch.compile(lambda x, w: funcol.all_reduce(SWIGLU(x, w) * 2, "sum", dist.group.WORLD),
+                             backend="tpu", fullgraph=True)
+    torchtpu.reset_metrics()
+    out["compiled"] = compiled(xs[rank].to("tpu"), w.to("tpu")).cpu().tolist()
+    out["compiled_ref"] = sum(_swiglu_torch(x, w) * 2 for x in xs).tolist()
+    m = torchtpu.metrics()
+    # one graph, the all-reduce inside, run as an SPMD program
+    out["compiled_collectives"] = m.get("in_graph_collective_graphs", 0) * m.get("spmd_executions", 0)
+    out["fallbacks"] = m["fallback_ops"]
+    dist.destroy_process_group()
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if sys.argv[1] == "ddp":
+        print("RESULT " + json.dumps(_ddp_worker()), flush=True)

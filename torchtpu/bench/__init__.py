@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "compile": "torchtpu.bench.compile:main",
     "dist": "torchtpu.bench.dist:main",
     "amp": "torchtpu.bench.amp:main",
+    "kernels": "torchtpu.bench.kernels:main",
 }
 
 

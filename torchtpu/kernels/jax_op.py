@@ -56,11 +56,13 @@ class JaxOp:
             return contextlib.nullcontext()
         return _pallas_interpret(interpret)
 
-    def call(self, args: list, kwargs: dict):
+    def call(self, args: list, kwargs: dict, lowered: bool = True):
         """fn on JAX values (tensors) and static values, arguments in schema order; returns
-        its outputs as a tuple of arrays, checked against the schema."""
+        its outputs as a tuple of arrays, checked against the schema. lowered=False: for
+        jax.eval_shape only (nothing is compiled, so the platform is not asked for: asking
+        starts the XLA runtime, which must wait for dist.init_process_group)."""
         args, kwargs = self._statics(args, kwargs)
-        with self._interpret_context():
+        with self._interpret_context() if lowered else contextlib.nullcontext():
             out = self.fn(*args, **kwargs)
         return self._outputs(out)
 
@@ -251,7 +253,7 @@ def _eval_shape_cached(op: JaxOp, key: tuple):
         a = list(vals)
         for i, x in zip(arrays, xs):
             a[i] = x
-        return op.call(a, kw)
+        return op.call(a, kw, lowered=False)
 
     return jax.eval_shape(f, *[vals[i] for i in arrays])
 
@@ -410,7 +412,7 @@ def _probe(op: JaxOp) -> None:
         else:
             return  # a static without a default: no value to probe with
     try:
-        jax.eval_shape(lambda *a: op.call(list(a), {}), *args)
+        jax.eval_shape(lambda *a: op.call(list(a), {}, lowered=False), *args)
     except _NOT_JITTABLE as err:
         raise TypeError(
             f"torchtpu.jax_op({op.name!r}): {getattr(op.fn, '__name__', op.fn)!r} is not jittable: "
