@@ -169,3 +169,38 @@ def test_default_torch_compile_uses_the_tpu_backend(mode):
     torch.testing.assert_close(out.cpu(), ref(x))
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad)
+
+
+def _profiled(device, tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(128, 128).to(device)
+    w = torch.randn(128, 128).to(device)
+    (x @ w).relu().sum().cpu()  # warm-up: compiles outside the profile, as one would with CUDA
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device == "tpu" else [])
+    with profile(activities=acts) as prof:
+        (x @ w).relu().sum().cpu()
+    path = tmp_path / f"{device}.json"
+    prof.export_chrome_trace(str(path))
+    import json
+
+    return prof, json.loads(path.read_text())
+
+
+def test_profiler_records_device_time_per_program(mode, tmp_path):
+    cpu_prof, _ = _profiled("cpu", tmp_path)
+    prof, trace = _profiled("tpu", tmp_path)
+    cpu_ops = {e.name for e in cpu_prof.events()}
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert device and len(kernels) == len(device)
+    assert all(e.time_range.elapsed_us() > 0 for e in device) and all(k["dur"] > 0 for k in kernels)
+    names = " ".join(e.name for e in device)
+    for op in ("aten::mm", "aten::relu", "aten::sum"):
+        assert op in cpu_ops and op in names  # the ops CPU's profile names, with their device time
+    assert {k["name"] for k in kernels} == {e.name for e in device}
+    assert prof.key_averages().self_cpu_time_total > 0
+    assert sum(e.self_device_time_total for e in prof.key_averages()) > 0
+    if mode == "strict":  # each op's own program is a kernel of that op, as CUDA's are
+        mm = [e for e in prof.key_averages() if e.key == "aten::mm" and e.self_device_time_total > 0]
+        assert mm

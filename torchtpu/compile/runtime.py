@@ -22,7 +22,7 @@ import torch
 from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, geometry, precision, rng, storage, tensors, transfer
+from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from . import collectives
 from . import graph as _graph
@@ -235,6 +235,7 @@ class CompiledGraph:
         fn, learned = got
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
+        tp = program_timing.start()  # nonzero only under torch.profiler
         if donate:
             outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
         else:
@@ -242,6 +243,8 @@ class CompiledGraph:
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
+        if tp:
+            program_timing.ran(f"tpu compiled graph {self.label}", (outs, written), tp, t0 is not None)
         bump("executions")
         for i, new in written.items():
             entries[i].buf = new

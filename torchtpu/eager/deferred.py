@@ -25,7 +25,7 @@ import jax
 from .. import metrics
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, rng
+from ..runtime import donation, program_timing, rng
 from . import scalars as _scalars
 
 _lock = threading.RLock()
@@ -364,6 +364,8 @@ def flush(reason: str) -> None:
         # a region with collectives is never replayed on one rank's own judgement (its fresh
         # signatures can differ from a peer's): every rank fuses it, or all replay it together
         replay = fn is None and g.churn and g.collectives is None
+        t0 = program_timing.start()  # nonzero only under torch.profiler
+        fresh = fn is None
         try:
             if g.collectives is not None and not replay:
                 from ..distributed import fused as _dist_fused
@@ -403,6 +405,8 @@ def flush(reason: str) -> None:
             for e, _ in live:
                 e.buf = Failed(err)
             raise
+        if t0:
+            program_timing.ran(program_timing.region_name([n.name for n in g.nodes]), results, t0, fresh)
         for (e, _), r in zip(live, results):
             e.buf = r
         for flags, declared, where in flagged:

@@ -23,7 +23,7 @@ from ..ops import registry
 from ..ops.registry import Lowering
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, geometry, precision, rng, storage, tensors
+from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors
 from . import deferred, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
@@ -466,6 +466,7 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     if compiled.partial:
         # references: the entry, the tuple and getrefcount's own argument
         donate = tuple(i for i in compiled.partial if sys.getrefcount(bufs[i]) == 3)
+    t0 = program_timing.start()  # nonzero only under torch.profiler
     try:
         if donate:
             kept = list(bufs)
@@ -484,6 +485,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     except Exception as err:
         _cache.pop(key, None)
         raise _user_error(err, low, flat) from err
+    if t0:
+        program_timing.ran(low.name, (outs, updated), t0, not compiled.ran)
     count_run(compiled)
     metrics.bump("executions")
     if compiled.updated is None:
