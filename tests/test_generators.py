@@ -69,3 +69,26 @@ def test_rng_state_functions_like_cuda():
     torch.testing.assert_close(torch.randn(4, device="tpu").cpu(), c, rtol=0, atol=0)
     torch.manual_seed(11)  # seeds every device, as on CUDA
     assert torch.tpu.initial_seed() == 11
+
+
+def test_default_generator_state_methods():
+    g = torch.tpu.default_generators[0]
+    assert len(torch.tpu.default_generators) == torch.tpu.device_count()
+    assert g.device == torch.device("tpu", 0)
+    assert g.manual_seed(5) is g and g.initial_seed() == 5 == torch.tpu.initial_seed()
+    state = g.get_state()
+    a = torch.rand(3, device="tpu").cpu()
+    g.set_state(state)
+    torch.testing.assert_close(torch.rand(3, device="tpu").cpu(), a, rtol=0, atol=0)
+    s = g.seed()
+    assert g.initial_seed() == s
+
+
+@pytest.mark.parametrize("bad,err", [(torch.zeros(4, dtype=torch.uint8), RuntimeError),
+                                     (torch.zeros(2, dtype=torch.int64), TypeError)])
+def test_set_rng_state_rejects_bad_states(bad, err):
+    # CPU's generator rejects the same kinds of state with the same exception classes
+    with pytest.raises(err):
+        torch.set_rng_state(bad)
+    with pytest.raises(err):
+        torch.tpu.set_rng_state(bad)

@@ -73,16 +73,21 @@ def test_bad_arguments_raise_like_cpu(call):
         call("tpu")
 
 
-def _train(dev, steps=5, inject_at=2):
+def _train(dev, steps=5, inject_at=2, compiled=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler(dev, init_scale=2.0**10, growth_interval=2)
     x, y = torch.randn(6, 8).to(dev), torch.randn(6, 4).to(dev)
     trace = []
-    for step in range(steps):
+
+    def forward(x, y):
         with torch.autocast(dev, dtype=torch.float16):
-            loss = F.mse_loss(model(x), y)
+            return F.mse_loss(model(x), y)
+
+    fwd = torch.compile(forward, backend="tpu") if compiled else forward
+    for step in range(steps):
+        loss = fwd(x, y)
         scaler.scale(loss).backward()
         if step == inject_at:
             model[0].weight.grad[0, 0] = float("inf")
@@ -95,11 +100,12 @@ def _train(dev, steps=5, inject_at=2):
     return trace, model
 
 
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
-def test_fp16_autocast_with_injected_inf_matches_cpu(mode):
+@pytest.mark.parametrize("mode,compiled", [
+    ("strict", False), ("defer_and_fuse", False), pytest.param("strict", True, marks=pytest.mark.slow)])
+def test_fp16_autocast_with_injected_inf_matches_cpu(mode, compiled):
     want, m_cpu = _train("cpu")
     with torchtpu.eager_mode(mode):
-        got, m_tpu = _train("tpu")
+        got, m_tpu = _train("tpu", compiled=compiled)
     assert [s for _, s, _ in got] == [s for _, s, _ in want]
     assert [k for _, _, k in got] == [k for _, _, k in want] == [False, False, True, False, False]
     assert got[2][1] == want[1][1] / 2  # the inf step halves the scale

@@ -101,9 +101,7 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
-    import random
-
-    rng.manual_seed(random.getrandbits(63))
+    rng.seed()
 
 
 def seed_all() -> None:
@@ -112,6 +110,9 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     return rng.initial_seed()
+
+
+default_generators = (rng.default_generator,)  # one device per process
 
 
 def get_rng_state(device=None) -> torch.Tensor:
