@@ -113,3 +113,31 @@ def test_dataloader_pin_memory(mode, pin_memory_device):
         torch.testing.assert_close(yb, yp, rtol=0, atol=0)
         out = model(xb.to("tpu", non_blocking=True))
         torch.testing.assert_close(out.cpu(), cpu_model(xp), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sync", ["synchronize", "stream", "event", "accelerator", "host_read", "save"])
+def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
+    """A non-blocking device->host copy may still be in flight when it returns; every way a
+    CUDA user synchronizes (or a later blocking host read on the one in-order stream) makes
+    its value right."""
+    x = torch.randn(64, 32)
+    t = x.to("tpu")
+    out = (t @ t.t() * 2).to("cpu", non_blocking=True)
+    half = (t * 3)[::2].to("cpu", torch.bfloat16, non_blocking=True)
+    if sync == "synchronize":
+        torch.tpu.synchronize()
+    elif sync == "stream":
+        torch.tpu.current_stream().synchronize()
+    elif sync == "event":
+        ev = torch.tpu.Event()
+        ev.record()
+        ev.synchronize()
+    elif sync == "accelerator":
+        torch.accelerator.synchronize()
+    elif sync == "host_read":
+        (t + 1).sum().item()
+    else:
+        torch.save(t, str(tmp_path / "t.pt"))
+    assert out.is_pinned() and half.is_pinned()
+    torch.testing.assert_close(out, x @ x.t() * 2, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(half, (x * 3)[::2].to(torch.bfloat16), rtol=0, atol=0)
