@@ -66,12 +66,13 @@ def test_forward_and_gradients_match_pytorch(mode, no_fallback):
 
 def test_strict_compiles_once_per_signature():
     x, w = (t.to("tpu") for t in _inputs())
-    SWIGLU(x, w)
-    torch.tpu.synchronize()
-    torchtpu.reset_metrics()
-    for _ in range(3):
+    with torchtpu.eager_mode("strict"):
         SWIGLU(x, w)
-    torch.tpu.synchronize()
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        for _ in range(3):
+            SWIGLU(x, w)
+        torch.tpu.synchronize()
     m = torchtpu.metrics()
     assert m["compiles"] == 0 and m["cache_hits"] == 3
 
@@ -149,6 +150,9 @@ def test_static_arguments_tuple_output_and_integer_output_without_gradient():
     xc = x.clone().requires_grad_()
     (xc * torch.rsqrt((xc * xc).mean(-1, keepdim=True) + 1e-5)).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+    # compiled: the statics stay Python values (a tuple default included), the op is inlined
+    y2 = torch.compile(lambda x: norm_argmax(x, eps=1e-5)[0] * 2, backend="tpu", fullgraph=True)(xt.detach())
+    torch.testing.assert_close(y2.cpu(), ref * 2, rtol=1e-5, atol=1e-5)
     # the same op on CPU tensors runs the same function through JAX on the host
     yc, ic = norm_argmax(x, eps=1e-5)
     assert yc.device.type == "cpu"

@@ -217,7 +217,9 @@ def _abstract(a):
     if isinstance(a, torch.Tensor):
         return ("T", tuple(int(s) for s in a.shape), a.dtype)
     if isinstance(a, (list, tuple)):
-        return ("L", tuple(_abstract(x) for x in a))
+        if any(isinstance(x, torch.Tensor) for x in a):
+            return ("L", tuple(_abstract(x) for x in a))  # a tensor list
+        return ("V", tuple(int(x) if isinstance(x, torch.SymInt) else x for x in a))
     if isinstance(a, torch.SymInt):
         return ("V", int(a))
     return ("V", a)
@@ -247,7 +249,7 @@ def _eval_shape_cached(op: JaxOp, key: tuple):
     pos_key, kw_key = key
     vals = [_concrete(k, [], _sds) for k in pos_key]
     kw = {name: _concrete(k, [], _sds) for name, k in kw_key}
-    arrays = [i for i, v in enumerate(vals) if isinstance(v, (jax.ShapeDtypeStruct, list))]
+    arrays = [i for i, k in enumerate(pos_key) if k[0] in ("T", "L")]
 
     def f(*xs):
         a = list(vals)
