@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "dist": "torchtpu.bench.dist:main",
     "amp": "torchtpu.bench.amp:main",
     "kernels": "torchtpu.bench.kernels:main",
+    "transfers": "torchtpu.bench.transfers:main",
 }
 
 
