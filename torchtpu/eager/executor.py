@@ -24,7 +24,7 @@ from ..ops.registry import Lowering
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors
-from . import deferred, modes, scalars
+from . import deferred, growth, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from ..runtime.storage import _table
@@ -106,6 +106,8 @@ class _Flat:
                     ) from None
                 raise
             shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+            if 1 in shape:  # a size-1 dim's stride is never used: keep it out of the key
+                stride = tuple([0 if n == 1 else s for n, s in zip(shape, stride)])
         k = id(entry)
         si = self.entry_index.get(k)
         if si is None:
@@ -425,6 +427,12 @@ def _flush_for_precision():
 
 
 def execute(low: Lowering, args, kwargs):
+    if low.name == "cat":  # a tensor growing token by token: see eager/growth.py
+        return growth.cat(low, args, kwargs, _execute)
+    return _execute(low, args, kwargs)
+
+
+def _execute(low: Lowering, args, kwargs):
     precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
     flat, pos, kw = _flatten(low, args, kwargs)
     if flat.offsets:

@@ -1,0 +1,100 @@
+"""Generation without compile storms: a tensor growing by torch.cat step after step (the
+token ids of greedy decoding) compiles one program per power-of-two bucket, not one per
+length, in strict and defer_and_fuse; values equal CPU's."""
+import copy
+
+import pytest
+import torch
+
+import torchtpu
+
+
+def _compiles():
+    return torchtpu.metrics()["compiles"]
+
+
+def _decode_loop(dev, steps, table):
+    """A hand-written greedy loop: the next id is looked up from the last one."""
+    ids = torch.tensor([[3, 1, 4, 1]], device=dev)
+    t = table.to(dev)
+    counts = []
+    for _ in range(steps):
+        last = ids[:, -1:]
+        nxt = t[last.squeeze(1)].unsqueeze(1) + (last % 3)
+        ids = torch.cat([ids, nxt], dim=-1)
+        if dev == "tpu":
+            counts.append(_compiles())
+    return ids.cpu(), counts
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_growing_ids_compile_per_bucket(mode):
+    table = torch.randint(0, 50, (60,), generator=torch.Generator().manual_seed(0))
+    ref, _ = _decode_loop("cpu", 40, table)
+    with torchtpu.eager_mode(mode):
+        got, counts = _decode_loop("tpu", 40, table)
+    assert torch.equal(got, ref)
+    assert got.is_contiguous() and got.shape == ref.shape
+    # lengths 17..32 share one bucket: once its first step compiled, nothing more
+    steps_in_bucket = counts[14:28]  # lengths 19..32 (4 prompt ids + step + 1)
+    assert steps_in_bucket[-1] == steps_in_bucket[0], counts
+
+
+def test_rows_appended_along_dim0():
+    rows = torch.randn(30, 3)
+    out = {}
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(1, 3, device=dev)
+        for i in range(30):
+            x = torch.cat([x, rows[i:i + 1].to(dev)], 0)
+            if i == 20 and dev == "tpu":
+                before = _compiles()
+        if dev == "tpu":
+            assert _compiles() == before  # lengths 22..31 share the 32 bucket
+        out[dev] = (x.cpu(), x.sum(0).cpu(), x[5:9].t().cpu())
+    torch.testing.assert_close(out["tpu"], out["cpu"])
+
+
+def test_growth_with_autograd_and_other_cats():
+    w = torch.randn(1, 2, 4, requires_grad=True)
+    wt = w.detach().to("tpu").requires_grad_()
+    grads = []
+    for src in (w, wt):
+        seq = src * 1
+        for _ in range(5):
+            seq = torch.cat([seq, src * 2], dim=1)
+        seq.pow(2).sum().backward()
+    torch.testing.assert_close(wt.grad.cpu(), w.grad)
+    # cats the growth path leaves alone: leading dim > 1, three inputs, mixed dtypes
+    a, b = torch.randn(2, 3), torch.randn(2, 1)
+    for args in ((a, b), (a, b, b)):
+        x = torch.cat(args, 1)
+        y = torch.cat([t.to("tpu") for t in args], 1)
+        y = torch.cat([y, b.to("tpu")], 1)
+        torch.testing.assert_close(y.cpu(), torch.cat([x, b], 1))
+    i = torch.tensor([[1, 2]], device="tpu")
+    i = torch.cat([i, torch.tensor([[3]], device="tpu")], 1)
+    mixed = torch.cat([i, torch.tensor([[0.5]], device="tpu")], 1)
+    torch.testing.assert_close(mixed.cpu(), torch.tensor([[1.0, 2.0, 3.0, 0.5]]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_hf_static_cache_compiles_nothing_per_token(mode):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    kw = dict(do_sample=False, num_beams=1, pad_token_id=0, cache_implementation="static")
+    m = copy.deepcopy(model).to("tpu")
+    with torchtpu.eager_mode(mode):
+        m.generate(prompt.to("tpu"), max_new_tokens=8, min_new_tokens=8, **kw)
+        before = _compiles()
+        out = m.generate(prompt.to("tpu"), max_new_tokens=24, min_new_tokens=24, **kw).cpu()
+        new = _compiles() - before
+    ref = model.generate(prompt, max_new_tokens=24, min_new_tokens=24, **kw)
+    assert torch.equal(out, ref)
+    # a new cache size (32) and the ids' next bucket: a handful, not one per token
+    assert new <= 12, new
