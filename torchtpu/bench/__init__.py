@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "amp": "torchtpu.bench.amp:main",
     "kernels": "torchtpu.bench.kernels:main",
     "transfers": "torchtpu.bench.transfers:main",
+    "autoload": "torchtpu.bench.autoload:main",
 }
 
 

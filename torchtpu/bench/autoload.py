@@ -1,0 +1,67 @@
+"""What autoload adds to `import torch`, measured against plain `import torch` in one run.
+
+    python -m torchtpu.bench autoload [--rounds N]
+
+Each round starts fresh interpreters, in alternating order: `import torch` with
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 (the baseline), `import torch` with autoload (torchtpu
+and JAX load at the end of torch's import), and autoload plus the first tpu op
+(`torch.randn(2, device="tpu")`, which also starts the PJRT client). Medians of the
+wall times; then the largest imports below torchtpu from one `python -X importtime` run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = [
+    ("import torch (autoload off)", "import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+    ("import torch (autoload)", "import torch", {}),
+    ("import torch + first tpu op", "import torch; torch.randn(2, device='tpu').cpu()", {}),
+]
+
+
+def _run(code: str, env: dict) -> float:
+    e = dict(os.environ, **env)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=e, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def _top_imports(n: int = 8) -> list[tuple[str, float]]:
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch"], capture_output=True,
+                       text=True, env=dict(os.environ))
+    rows = []
+    for line in r.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            name = parts[2].strip()
+            if name in ("torchtpu", "jax", "torchtpu.runtime.jaxenv") or (
+                    name.startswith("torchtpu.") and name.count(".") == 1):
+                rows.append((name, int(parts[1]) / 1e6))
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchtpu.bench autoload")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in CASES}
+    for r in range(args.rounds):
+        order = CASES if r % 2 == 0 else CASES[::-1]
+        for name, code, env in order:
+            times[name].append(_run(code, env))
+        print(f"[{r + 1}/{args.rounds}] " + ", ".join(f"{n}: {times[n][-1]:.2f}s" for n, _, _ in CASES),
+              flush=True)
+    base = statistics.median(times[CASES[0][0]])
+    print(f"\n{'case':<32} {'median s':>9} {'vs baseline':>12}")
+    for name, _, _ in CASES:
+        med = statistics.median(times[name])
+        print(f"{name:<32} {med:>9.2f} {med / base:>11.2f}x")
+    print("\nlargest imports under autoload (python -X importtime, cumulative):")
+    for name, s in _top_imports():
+        print(f"  {name:<34} {s:>6.2f} s")
+    return 0
