@@ -4,6 +4,11 @@ Dynamo captures the Python; aot_autograd functionalizes it and splits forward
 from backward; each ATen graph then runs as a single JAX function built from the
 same lowering table as eager, jitted per input signature. Graph breaks run in
 whatever eager mode is active.
+
+Importing this package stays cheap (no Dynamo, no aot_autograd): torchtpu imports
+parts of it at `import torch` time through autoload (flex attention's lowering, the
+collectives table), so the heavy modules load when a graph is first compiled, and
+Dynamo's skip rules for our frames are added the moment torch._dynamo is imported.
 """
 from __future__ import annotations
 
@@ -13,8 +18,6 @@ from typing import Callable
 import torch
 
 from ..metrics import bump
-from . import collectives, decomps
-from .runtime import CompiledGraph, _dumping
 
 _counter = {"graphs": 0}
 
@@ -31,10 +34,45 @@ def _skip_our_frames() -> None:
         trace_rules.add(name)
 
 
-_skip_our_frames()
+class _OnDynamoImport:
+    """A meta-path hook: run _skip_our_frames() right after torch._dynamo has loaded."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)  # the real spec, from the other finders
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            loader_exec(module)
+            _skip_our_frames()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _skip_our_frames_when_dynamo_loads() -> None:
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        _skip_our_frames()
+    elif not any(isinstance(f, _OnDynamoImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnDynamoImport())
+
+
+_skip_our_frames_when_dynamo_loads()
 
 
 def _compiler(label: str):
+    from . import collectives
+    from .runtime import CompiledGraph
+
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         _counter["graphs"] += 1
         name = f"{label}{_counter['graphs']}"
@@ -56,6 +94,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
     """The Dynamo backend registered as "tpu"."""
     from functorch.compile import default_partition, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
+
+    from . import decomps
 
     # The default partitioner saves every activation the backward needs; min-cut recomputes
     # cheap ones to save memory. On XLA:CPU saving was faster (small GPT fwd+bwd 15.6 vs
@@ -89,6 +129,8 @@ def dump_stablehlo(fn: Callable, *args, path: str | os.PathLike | None = None, *
     """Compile `fn` with the tpu backend, run it once on `args`, and return the
     StableHLO text of every graph compiled by that call (also written to `path`
     if given; env TORCHTPU_DUMP_STABLEHLO=dir dumps every compiled graph)."""
+    from .runtime import _dumping
+
     sink: list = []
     _dumping.append(sink)
     try:
