@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "kernels": "torchtpu.bench.kernels:main",
     "transfers": "torchtpu.bench.transfers:main",
     "autoload": "torchtpu.bench.autoload:main",
+    "generate": "torchtpu.bench.generate:main",
 }
 
 
