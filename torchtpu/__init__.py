@@ -130,6 +130,40 @@ def checks_enabled() -> bool:
     return _checks.enabled()
 
 
+def set_executable_limit(total: "int | None" = None, per_op: "int | None" = None,
+                         regions: "int | None" = None) -> None:
+    """Bound the compiled executables kept in memory (least recently used are evicted and
+    their compiled code released; counted in metrics()["executables_evicted"]): `total`
+    eager-op executables (env TORCHTPU_MAX_EXECUTABLES, default 4096), `per_op` per ATen op
+    and per compiled graph (TORCHTPU_MAX_EXECUTABLES_PER_OP, 1024), `regions` fused
+    defer_and_fuse regions (TORCHTPU_MAX_REGIONS, 512)."""
+    from .runtime.cache import set_executable_limit as _set
+
+    _set(total, per_op, regions)
+
+
+def executable_limit() -> dict:
+    """The bounds set_executable_limit() sets: {"total", "per_op", "regions"}."""
+    from .runtime.cache import executable_limit as _get
+
+    return _get()
+
+
+def clear_caches() -> None:
+    """Drop every cached executable (eager ops, fused regions) and JAX's own compile
+    caches, and give the freed memory back; later calls compile again."""
+    from .eager import deferred as _d
+    from .eager import executor as _e
+    from .runtime import cache as _c
+    import jax as _jax
+
+    _d.flush("clear_caches")
+    _e.clear_cache()
+    _jax.clear_caches()
+    _c.evict({}, ())
+    _c._trim_heap()
+
+
 def metrics() -> dict:
     """Counters since start (or the last reset_metrics()).
 
@@ -202,6 +236,9 @@ __all__ = [
     "eager_mode",
     "set_debug_nans",
     "set_checks",
+    "set_executable_limit",
+    "executable_limit",
+    "clear_caches",
     "checks_enabled",
     "metrics",
     "reset_metrics",

@@ -21,6 +21,7 @@ import torch
 
 from ..metrics import bump
 from ..ops import checks as _checks
+from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
@@ -225,6 +226,9 @@ class CompiledGraph:
                         # a new program with collectives: every rank must be about to run the same
                         ctx.group.check_program(f"{ctx.what} ({self.label})", ctx.digest)
                     got = self._jits[key] = self._make(sig, donate)
+                    if len(self._jits) > _exe_cache._limits["per_op"]:
+                        # one graph over ever new shapes (mark_dynamic): oldest programs go first
+                        _exe_cache.evict(self._jits, list(self._jits)[:max(1, len(self._jits) // 8)])
                     fn = got[0]
                     bump("compiles")
                     bump("compile_graphs")

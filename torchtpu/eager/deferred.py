@@ -278,11 +278,12 @@ def _make_fused(nodes, out_refs, codes, donate, group=None):
 class _Fused:
     """A region's executable and the device-side checks it declares."""
 
-    __slots__ = ("fn", "checks")
+    __slots__ = ("fn", "checks", "used")
 
     def __init__(self, fn, checks):
         self.fn = fn
         self.checks = checks
+        self.used = 0  # the flush count at its last run: the cache evicts the least recent
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -382,10 +383,12 @@ def flush(reason: str) -> None:
                 if fn is None:
                     fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives)
                     _fused_cache[fkey] = fn
+                    _bound_regions()
                     metrics.bump("compiles")
                     metrics.bump("region_compiles")
                 else:
                     metrics.bump("cache_hits")
+                fn.used = next(_flushes)
                 donated = donation.split(inputs, donate)
                 args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
                 if g.collectives is not None:
@@ -415,6 +418,19 @@ def flush(reason: str) -> None:
         metrics.bump("regions_executed")
         metrics.bump("region_ops", len(g.nodes))
         metrics.bump(f"materialize:{reason}")
+
+
+_flushes = iter(range(1, 1 << 62))
+
+
+def _bound_regions() -> None:
+    """Keep the fused-region cache within its bound (runtime/cache.py), least recent first."""
+    from ..runtime import cache
+
+    limit = cache._limits["regions"]
+    if len(_fused_cache) > limit:
+        items = [(k, getattr(f, "used", 0)) for k, f in list(_fused_cache.items())]
+        cache.evict(_fused_cache, cache.least_used(items, max(1, limit // 8)))
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:

@@ -8,10 +8,12 @@ storage, all inside one jax.jit. JAX's async dispatch keeps this asynchronous.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,7 @@ from ..ops import registry
 from ..ops.registry import Lowering
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
+from ..runtime import cache as _exe_cache
 from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors
 from . import deferred, growth, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
@@ -33,7 +36,7 @@ _SCALARS = (bool, int, float, complex)
 
 
 class _Compiled:
-    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating", "checks")
+    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating", "checks", "used", "__weakref__")
 
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
@@ -46,6 +49,7 @@ class _Compiled:
         self.partial = None  # storages an in-place op writes only part of, in big buffers
         self.donating = None  # donation pattern -> jit that may overwrite those buffers
         self.checks = ()  # the device-side checks its lowering declared (learned at trace)
+        self.used = 0  # the op clock at its last call: the cache evicts the least recent
 
     def shape_free_key(self):
         """The cache key without sizes, strides and offsets: calls of one op that differ
@@ -201,8 +205,12 @@ def _build(low: Lowering, pos, kw, leaves, store_specs, compiled: _Compiled):
     arg_names = [a.name for a in low.args]
 
     nruntime = sum(1 for leaf in leaves if leaf[3] is None)
+    # a weak reference: the executable (compiled.fn) holds this closure, and a cycle would
+    # keep an evicted executable's compiled code alive until a full garbage collection
+    ref = weakref.ref(compiled)
 
     def program(bufs, scalars, rngdata):
+        compiled = ref() or _Compiled()  # (gone: a trace whose findings nobody reads)
         bufs = list(bufs)
         for i, (numel, bdt) in enumerate(store_specs):
             if bufs[i] is None:
@@ -322,8 +330,11 @@ def _jit_packed(program, codes, fast: bool = False, compiled: _Compiled | None =
     """jax.jit of `program` taking its runtime scalars packed (see eager/scalars.py);
     it returns (outputs, updated storages, packed device-side check flags or None)."""
 
+    ref = weakref.ref(compiled) if compiled is not None else None  # no cycle: see _build
+
     def packed_program(bufs, packed, rngdata):
-        return _with_checks(compiled, program, bufs, tuple(scalars.unpack(packed, codes)), rngdata)
+        return _with_checks(ref() if ref is not None else None, program, bufs,
+                            tuple(scalars.unpack(packed, codes)), rngdata)
 
     fn = jax.jit(packed_program, compiler_options=_fast_options()) if fast else jax.jit(packed_program)
     fn.codes = codes
@@ -379,10 +390,11 @@ def _donating(compiled: _Compiled, donate: tuple):
     fn = compiled.donating.get(donate)
     if fn is None:
         program, codes = compiled.program, compiled.fn.codes
+        ref = weakref.ref(compiled)
 
         def packed_program(donated, kept, packed, rngdata):
             bufs = donation.merge(donated, kept, donate)
-            return _with_checks(compiled, program, tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
+            return _with_checks(ref(), program, tuple(bufs), tuple(scalars.unpack(packed, codes)), rngdata)
 
         fn = compiled.donating[donate] = jax.jit(packed_program, donate_argnums=(0,))
     return fn
@@ -449,12 +461,14 @@ def _execute(low: Lowering, args, kwargs):
         compiled.fn = _jit_packed(compiled.program, scalars.layout(flat.dyn), _fast_compile(compiled), compiled)
         with _cache_lock:
             _cache[key] = compiled
+        _admit(low.name)
+    compiled.used = next(_clock)
     if modes._state["mode"] == "defer_and_fuse":
         if compiled.updated is None:
             try:
                 _abstract(compiled, entries, flat.dyn, low.random)
             except Exception as err:
-                _cache.pop(key, None)
+                _drop(key)
                 raise _user_error(err, low, flat) from err
         outs = deferred.record(compiled, entries, flat.dyn, low, _make_output)
         return _finish(low, compiled, args, kwargs, outs)
@@ -491,7 +505,16 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
             if modes.debug_nans():
                 _check_nans(low, flat, outs, updated)
     except Exception as err:
-        _cache.pop(key, None)
+        _drop(key)
+        if _exe_cache.is_out_of_memory(err):
+            # compiling (or running) ran out of memory: give back every cached executable and
+            # say so, rather than let XLA try again on an exhausted heap
+            n = len(_cache)
+            clear_cache()
+            _exe_cache.evict({}, ())
+            raise torch.OutOfMemoryError(
+                f"torchtpu: out of memory running {_describe(low, flat)}; released {n} cached "
+                f"executables (bound them with torchtpu.set_executable_limit): {err}") from err
         raise _user_error(err, low, flat) from err
     if t0:
         program_timing.ran(low.name, (outs, updated), t0, not compiled.ran)
@@ -524,6 +547,35 @@ def _flagged(low, compiled, mode, writes, flags) -> None:
                         writes)
     if mode == "debug":
         _pending_checks.raise_pending()
+
+
+_clock = itertools.count(1)
+_per_op: dict = {}  # op name -> executables of it in _cache
+
+
+def _admit(name: str) -> None:
+    """Keep the op cache within its bounds (runtime/cache.py): least recently used first,
+    an eighth of the bound at a time so eviction stays off the per-op path."""
+    n = _per_op[name] = _per_op.get(name, 0) + 1
+    limits = _exe_cache._limits
+    if n > limits["per_op"]:
+        mine = [(k, c.used) for k, c in list(_cache.items()) if k[0] == name]
+        _evict(_exe_cache.least_used(mine, max(1, limits["per_op"] // 8)))
+    if len(_cache) > limits["total"]:
+        _evict(_exe_cache.least_used([(k, c.used) for k, c in list(_cache.items())],
+                                     max(1, limits["total"] // 8)))
+
+
+def _drop(key) -> None:
+    if _cache.pop(key, None) is not None:
+        _per_op[key[0]] = _per_op.get(key[0], 1) - 1
+
+
+def _evict(keys) -> None:
+    for k in keys:
+        if k in _cache:
+            _per_op[k[0]] = _per_op.get(k[0], 1) - 1
+    _exe_cache.evict(_cache, keys, _cache_lock)
 
 
 def count_run(compiled: _Compiled) -> None:
@@ -568,6 +620,7 @@ def cache_size() -> int:
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _per_op.clear()
         _shapes_seen.clear()
     deferred._fused_cache.clear()  # its keys hold the dropped op executables
     deferred.forget_signatures()

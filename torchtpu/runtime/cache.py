@@ -46,3 +46,75 @@ def count_compile_time() -> None:
             bump(name, int(round(duration_secs * 1000)))
 
     monitoring.register_event_duration_secs_listener(listener)
+
+
+# ---- bounded executable caches -------------------------------------------------------------
+#
+# Every executable the executors keep holds its compiled code (about 1-3 MB each on XLA:CPU):
+# kept forever, 3,000 shapes of one small op grew the process by 3 GB, and a few thousand
+# programs made LLVM fail to allocate and XLA crash. The eager op cache and the fused-region
+# cache are LRUs by count, per op and overall; an evicted executable's jax.jit and closures
+# die with it, JAX's own compile caches are weak-keyed on them, and freed heap is handed back
+# to the OS (glibc keeps it otherwise, so resident memory would not show the release).
+
+_limits = {
+    "total": int(os.environ.get("TORCHTPU_MAX_EXECUTABLES", "4096")),
+    "per_op": int(os.environ.get("TORCHTPU_MAX_EXECUTABLES_PER_OP", "1024")),
+    "regions": int(os.environ.get("TORCHTPU_MAX_REGIONS", "512")),
+}
+
+
+def set_executable_limit(total: int | None = None, per_op: int | None = None,
+                         regions: int | None = None) -> None:
+    """Bound the executables kept: `total` eager-op executables, `per_op` per ATen op (its
+    shapes), `regions` fused defer_and_fuse regions. Least recently used go first."""
+    for name, v in (("total", total), ("per_op", per_op), ("regions", regions)):
+        if v is not None:
+            if int(v) < 1:
+                raise ValueError(f"set_executable_limit: {name} must be >= 1, got {v}")
+            _limits[name] = int(v)
+
+
+def executable_limit() -> dict:
+    return dict(_limits)
+
+
+def _trim_heap() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except Exception:  # not glibc: the allocator keeps what it keeps
+        pass
+
+
+def evict(cache: dict, victims, lock=None) -> int:
+    """Drop `victims` (keys) from `cache`; count them; give freed memory back."""
+    from ..metrics import bump
+
+    n = 0
+    for k in victims:
+        if lock is not None:
+            with lock:
+                gone = cache.pop(k, None)
+        else:
+            gone = cache.pop(k, None)
+        n += gone is not None
+    if n:
+        bump("executables_evicted", n)
+        import gc
+
+        gc.collect()  # jit wrappers sit in reference cycles with their closures
+        _trim_heap()
+    return n
+
+
+def least_used(items, n: int) -> list:
+    """The keys of the `n` least recently used (key, last use) items."""
+    return [k for k, _ in sorted(items, key=lambda kv: kv[1])[:n]]
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    text = str(err)
+    return isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Cannot allocate memory" in text \
+        or "Out of memory" in text or "out of memory" in text

@@ -1,0 +1,112 @@
+"""Bounded memory for compiled programs: the executable caches are LRUs whose evictions
+really release the compiled code (JAX's own compile cache, weak-keyed on our jit
+wrappers, shrinks with ours; resident memory stays flat once the bound is reached)."""
+import pytest
+import torch
+from jax._src.interpreters import pxla
+
+import torchtpu
+from torchtpu.eager import deferred, executor
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.fixture
+def bound():
+    old = torchtpu.executable_limit()
+
+    def set_(**kw):
+        torchtpu.set_executable_limit(**kw)
+
+    yield set_
+    torchtpu.set_executable_limit(**old)
+
+
+def _live_jax_executables() -> int:
+    return pxla._cached_compilation.cache_info().currsize
+
+
+def _shapes(n_shapes, start=1):
+    """One op (x * 2) over `n_shapes` distinct shapes; returns (resident MB after the
+    first tenth, peak resident MB after it)."""
+    x0 = torch.ones(1, device="tpu")
+    base = peak = None
+    for n in range(start, start + n_shapes):
+        y = x0.expand(n) * 2
+        if n - start == n_shapes // 10:
+            y.cpu()
+            base = peak = _rss_mb()
+        elif base is not None and n % 16 == 0:
+            peak = max(peak, _rss_mb())
+    y.cpu()
+    return base, max(peak, _rss_mb())
+
+
+def test_op_cache_is_an_lru_whose_evictions_release_code(bound):
+    torchtpu.clear_caches()
+    bound(per_op=12, total=64)
+    torchtpu.reset_metrics()
+    _shapes(40)
+    assert torchtpu.metrics()["executables_evicted"] >= 40 - 12
+    mul = [k for k in executor._cache if k[0] == "mul.Tensor"]
+    assert len(mul) <= 12 and len(executor._cache) <= 64
+    # the compiled code is gone too, not only our reference to it
+    assert _live_jax_executables() <= 64 + 8
+    # an evicted shape compiles again and computes the right thing
+    x = torch.arange(3.0, device="tpu")
+    torch.testing.assert_close((x * 2).cpu(), torch.arange(3.0) * 2)
+    # the most recently used entries survive: a hot op is not evicted by a shape storm
+    hot = torch.ones(5, device="tpu")
+    (hot + 1).cpu()
+    torchtpu.reset_metrics()
+    for n in range(100, 116):
+        (hot + 1).cpu()  # used between the storm's shapes
+        torch.ones(1, device="tpu").expand(n) * 2
+    assert torchtpu.metrics()["compiles"] <= 16 + 2  # the storm's shapes, not the hot op again
+
+
+def test_fused_region_cache_is_bounded(bound):
+    torchtpu.clear_caches()
+    bound(regions=4)
+    torchtpu.reset_metrics()
+    x = torch.randn(8, device="tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        for k in range(1, 11):  # ten different regions
+            y = x
+            for _ in range(k):
+                y = y * 1.5 + 1
+            got = y.cpu()
+    ref = x.cpu()
+    for _ in range(10):
+        ref = ref * 1.5 + 1
+    torch.testing.assert_close(got, ref)
+    assert len(deferred._fused_cache) <= 4
+    assert torchtpu.metrics()["executables_evicted"] >= 6
+
+
+def test_clear_caches_and_limit_api(bound):
+    (torch.ones(3, device="tpu") * 3).cpu()
+    torchtpu.clear_caches()
+    assert executor.cache_size() == 0 and len(deferred._fused_cache) == 0
+    torch.testing.assert_close((torch.ones(3, device="tpu") * 3).cpu(), torch.full((3,), 3.0))
+    with pytest.raises(ValueError, match="per_op"):
+        torchtpu.set_executable_limit(per_op=0)
+    bound(total=100, per_op=10, regions=7)
+    assert torchtpu.executable_limit() == {"total": 100, "per_op": 10, "regions": 7}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_shapes", [3000, 10000])
+def test_many_shapes_of_one_op_keep_memory_flat(bound, n_shapes):
+    """3,000 shapes grew the process by 3.2 GB with no bound; bounded, resident memory grows
+    by < 400 MB and stays flat once the bound is reached."""
+    torchtpu.clear_caches()
+    bound(per_op=100, total=400)
+    start_rss = _rss_mb()
+    base, peak = _shapes(n_shapes)
+    assert peak - start_rss < 400, (start_rss, base, peak)
+    assert peak - base < 150, (base, peak)  # flat after the bound was reached
+    assert _live_jax_executables() <= 400 + 8
