@@ -1,4 +1,5 @@
-"""Validation CLIs: `python -m torchtpu.validate ops` (PyTorch's OpInfo suite on tpu vs CPU)."""
+"""Validation CLIs: `python -m torchtpu.validate ops` (PyTorch's OpInfo suite on tpu vs CPU),
+`hf` (Hugging Face model sweep), `layers` (the import contract between packages)."""
 from __future__ import annotations
 
 import importlib
@@ -6,6 +7,7 @@ import importlib
 VALIDATORS: dict[str, str] = {
     "ops": "torchtpu.validate.ops:main",
     "hf": "torchtpu.validate.hf:main",
+    "layers": "torchtpu.validate.layers:main",
 }
 
 

@@ -1,0 +1,364 @@
+"""The layer contract: each package of torchtpu imports only from the layers below it.
+
+    python -m torchtpu.validate layers [--all] [--root DIR]
+    python torchtpu/validate/layers.py [--all]     # the same without importing torch or jax
+
+Reads the sources with `ast` (nothing is imported or run): every `import` and
+`from ... import`, at module level and inside functions (the lazy imports that dodge
+import circles are dependencies all the same), relative and absolute. Each import of a
+torchtpu module is an edge between two modules; each module belongs to a package, each
+package to a layer (LAYERS). An edge to a package of a higher layer is "upward", one to
+another package of the same layer "sideways": both break the contract. Known ones are in
+ALLOWED (each names the file, the target module and the issue-14 item that removes it);
+anything else is new and fails, and so does an ALLOWED entry that no longer matches any
+import (the list only shrinks). Import cycles are the strongly connected components
+(Tarjan) of the module graph; modules in cycles today are pinned in KNOWN_CYCLE_MODULES
+the same way.
+
+Conventions: `from .x import y` is an edge to module x.y when x/y.py exists, else to x.
+Importing a submodule also runs its parents' __init__, but that implicit edge is not
+counted (every module would then depend on torchtpu/__init__.py, which imports them all).
+Imports under `if TYPE_CHECKING:` are skipped; `importlib.import_module` strings (the
+bench/validate CLI registries) are not seen.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Layers, lowest first; a package may import its own modules and any package of a lower
+# layer. Names are the first component under torchtpu/ ("runtime" = torchtpu/runtime/ or
+# torchtpu/runtime.py); "" is torchtpu/__init__.py itself.
+#
+# Where device/ sits: DESIGN.md lists it first, but in the code device/ is where
+# torchtpu binds itself into PyTorch (renaming PrivateUse1, the torch.tpu module and its
+# synchronize/eager-mode/memory calls, autocast kernels at AutocastPrivateUse1, the
+# UntypedStorage methods, profiler hooks, routing torch.compile's default backend,
+# Accelerate). Binding needs what it binds: the executors (eager), the compile backend
+# and the runtime; and no lower layer imports device/ (checked: only torchtpu/__init__.py
+# does). So it is the outermost adapter, above compile/distributed/kernels and below the
+# torchtpu facade, like a driver's registration that sits on top of the driver.
+# metrics.py (process-wide counters, stdlib only) is read by every layer: it is the floor.
+# compile, distributed and kernels are peers: none may import another (issue 14: what
+# compiled graphs, fused regions and the process group share moves to a spmd layer below
+# them; "spmd" is listed for that, it does not exist yet).
+LAYERS: list[tuple[str, ...]] = [
+    ("metrics",),                              # counters, stdlib only
+    ("runtime",),                              # storage table, transfers, geometry, JAX env
+    ("ops",),                                  # ATen -> JAX lowerings and their rules
+    ("eager",),                                # strict/debug/defer_and_fuse executors, fallback
+    ("spmd",),                                 # planned (issue 14): mesh axis, reduce kinds, collective bodies
+    ("compile", "distributed", "kernels"),     # Dynamo backend, c10d backend, custom kernels
+    ("device",),                               # binding into torch: registration, torch.tpu, autocast
+    ("",),                                     # torchtpu/__init__.py: the public facade
+    ("demo", "validate", "bench"),             # CLIs and tools over the public API
+    ("__main__", "autoload"),                  # entry points: `python -m torchtpu`, torch's autoload
+]
+
+# Modules whose layer differs from their package's, with the reason.
+MODULE_LAYERS: dict[str, tuple[str, str]] = {
+    # the entry point torch's autoload calls: its one job is `import torchtpu`
+    "torchtpu.device.autoload": ("autoload", "entry point: PyTorch's torch.backends autoload runs it to import torchtpu"),
+}
+
+# Today's known breaks of the contract: (importing file, imported module) -> reason.
+# One entry covers every import of that module in that file. Remove an entry when the
+# import goes (the test fails on a stale entry); never add one for new code without an
+# issue item that will remove it.
+_OPS = "issue 14: ops/ is pure JAX; the kernels that call the executor or the fallback move to eager/"
+_SPMD = "issue 14: a spmd layer below compile/ and distributed/ holds the mesh axis, reduce kinds and collective bodies"
+_HOOK = "issue 14: deferred hands regions with collectives to a hook distributed/ installs, instead of importing it"
+_LEAF = ("issue 14: one leaf type / explicit types for what deferred records: runtime/ sees a pending buffer or a "
+         "failed one through a type it defines, eager/ implements it")
+ALLOWED: dict[tuple[str, str], str] = {
+    # ops -> eager (issue 14 names nn.py, linalg.py, foreach.py, indexing.py; amp.py landed since)
+    ("torchtpu/ops/nn.py", "torchtpu.eager.executor"): _OPS,
+    ("torchtpu/ops/linalg.py", "torchtpu.eager.executor"): _OPS,
+    ("torchtpu/ops/linalg.py", "torchtpu.eager.fallback"): _OPS,
+    ("torchtpu/ops/foreach.py", "torchtpu.eager.executor"): _OPS,
+    ("torchtpu/ops/indexing.py", "torchtpu.eager.executor"): _OPS,
+    ("torchtpu/ops/amp.py", "torchtpu.eager.executor"): _OPS + " (GradScaler kernels, landed after the issue)",
+    # runtime -> ops/eager
+    ("torchtpu/runtime/transfer.py", "torchtpu.eager.deferred"): _LEAF,
+    ("torchtpu/runtime/checks.py", "torchtpu.eager.deferred"): _LEAF + " (device checks, landed after the issue)",
+    ("torchtpu/runtime/checks.py", "torchtpu.ops.checks"): (
+        "device checks (landed after issue 14): the flag row's layout ROW belongs in runtime/checks, "
+        "ops/checks imports it from there"),
+    # eager -> compile/distributed
+    ("torchtpu/eager/deferred.py", "torchtpu.compile.collectives"): _SPMD,
+    ("torchtpu/eager/deferred.py", "torchtpu.distributed.fused"): _HOOK,
+    ("torchtpu/eager/control_flow.py", "torchtpu.compile.graph"): (
+        "control flow (landed after issue 14): eager traces torch.cond/while_loop into compile's Program; "
+        "the traced-program piece moves below eager (or compile installs it as a hook)"),
+    ("torchtpu/eager/control_flow.py", "torchtpu.compile.decomps"): (
+        "control flow (landed after issue 14): the decomposition table moves below eager with Program"),
+    # compile <-> distributed (peers)
+    ("torchtpu/compile/collectives.py", "torchtpu.distributed.backend"): _SPMD,
+    ("torchtpu/distributed/fused.py", "torchtpu.compile.collectives"): _SPMD,
+}
+
+# Modules in import cycles today (issue 14: "no import circle"). A module joining a cycle
+# fails the test; one that leaves every cycle must be removed here.
+KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
+    # one cycle of 12 (issue 14 counted nine files): runtime <-> eager through pending buffers and
+    # device checks, eager <-> compile/distributed through fused collectives
+    "torchtpu.compile.collectives", "torchtpu.distributed.backend", "torchtpu.distributed.fused",
+    "torchtpu.eager.deferred", "torchtpu.eager.executor", "torchtpu.eager.growth", "torchtpu.eager.modes",
+    "torchtpu.runtime.checks", "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
+    "torchtpu.runtime.tensors", "torchtpu.runtime.transfer",
+    # compile/graph.py <-> compile/control_flow.py (control flow, landed after the issue)
+    "torchtpu.compile.control_flow", "torchtpu.compile.graph",
+})
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str      # importing module, dotted
+    dst: str      # imported module, dotted
+    file: str     # importing file, relative to the root's parent ("torchtpu/ops/nn.py")
+    line: int
+    lazy: bool    # inside a function (runs when called, not at import)
+
+
+@dataclass
+class Report:
+    modules: dict[str, str]                       # module -> file
+    edges: list[Edge]
+    breaks: list[tuple[Edge, str]] = field(default_factory=list)  # (edge, "upward"/"sideways")
+    cycles: list[list[str]] = field(default_factory=list)
+    unmapped: list[str] = field(default_factory=list)
+
+
+def _module_name(path: Path, root: Path, pkg: str) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([pkg, *parts])
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.Module):
+    """(node, lazy) for every import statement run by the module or its functions; lazy when
+    inside a function. Walks statement lists only (an import is a statement), and skips the
+    body of `if TYPE_CHECKING:` (never run)."""
+    out = []
+
+    def visit(stmts, lazy):
+        for st in stmts:
+            if isinstance(st, (ast.Import, ast.ImportFrom)):
+                out.append((st, lazy))
+                continue
+            inner = lazy or isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if not _is_type_checking(st):
+                visit(getattr(st, "body", ()), inner)
+            for name in ("orelse", "finalbody"):
+                visit(getattr(st, name, ()), inner)
+            for h in getattr(st, "handlers", ()):   # try/except
+                visit(h.body, inner)
+            for c in getattr(st, "cases", ()):      # match
+                visit(c.body, inner)
+
+    visit(tree.body, False)
+    return out
+
+
+def scan(root: Path, pkg: str | None = None) -> Report:
+    """The module graph of the package at `root` (a directory with __init__.py)."""
+    root = Path(root)
+    pkg = pkg or root.name
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    modules = {_module_name(p, root, pkg): p for p in files}
+    edges: list[Edge] = []
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        rel = str(path.relative_to(root.parent))
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, lazy in _imports(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    frm = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    frm = node.module or ""
+                for a in node.names:
+                    sub = f"{frm}.{a.name}"
+                    targets.append(sub if sub in modules else frm)
+            for t in targets:
+                if t != pkg and not t.startswith(pkg + "."):
+                    continue
+                # `import torchtpu.ops.registry` names a module; a dotted name past a module
+                # (never written today) falls back to its longest module prefix
+                while t not in modules and "." in t:
+                    t = t.rsplit(".", 1)[0]
+                if t != mod:
+                    edges.append(Edge(mod, t, rel, node.lineno, lazy))
+    return Report({m: str(p.relative_to(root.parent)) for m, p in modules.items()}, edges)
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of(module: str, layers=None, module_layers=None) -> int | None:
+    layers = LAYERS if layers is None else layers
+    module_layers = MODULE_LAYERS if module_layers is None else module_layers
+    pkg = module_layers[module][0] if module in module_layers else package_of(module)
+    for i, names in enumerate(layers):
+        if pkg in names:
+            return i
+    return None
+
+
+def _group_of(module: str, module_layers) -> str:
+    return module_layers[module][0] if module in module_layers else package_of(module)
+
+
+def check(report: Report, layers=None, module_layers=None) -> Report:
+    """Fill report.breaks, report.unmapped and report.cycles."""
+    layers = LAYERS if layers is None else layers
+    module_layers = MODULE_LAYERS if module_layers is None else module_layers
+    report.breaks = []
+    report.unmapped = sorted(m for m in report.modules if layer_of(m, layers, module_layers) is None)
+    for e in report.edges:
+        a, b = layer_of(e.src, layers, module_layers), layer_of(e.dst, layers, module_layers)
+        if a is None or b is None:
+            continue
+        if b > a:
+            report.breaks.append((e, "upward"))
+        elif b == a and _group_of(e.src, module_layers) != _group_of(e.dst, module_layers):
+            report.breaks.append((e, "sideways"))
+    report.cycles = cycles(report.modules, report.edges)
+    return report
+
+
+def cycles(modules, edges) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), largest first."""
+    graph: dict[str, list[str]] = {m: [] for m in modules}
+    for e in edges:
+        graph.setdefault(e.src, []).append(e.dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v):  # iterative, so a deep graph never hits the recursion limit
+        work = [(v, iter(graph.get(v, ())))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(graph.get(w, ()))))
+                    break
+                if w in on:
+                    low[node] = min(low[node], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return sorted(out, key=lambda c: (-len(c), c))
+
+
+def verdict(report: Report, allowed=None, known_cycle_modules=None):
+    """(new breaks, stale ALLOWED keys, modules newly in cycles, stale cycle modules)."""
+    allowed = ALLOWED if allowed is None else allowed
+    known = KNOWN_CYCLE_MODULES if known_cycle_modules is None else known_cycle_modules
+    seen = {(e.file, e.dst) for e, _ in report.breaks}
+    new = [(e, kind) for e, kind in report.breaks if (e.file, e.dst) not in allowed]
+    stale = sorted(k for k in allowed if k not in seen)
+    in_cycles = {m for c in report.cycles for m in c}
+    return new, stale, sorted(in_cycles - known), sorted(known - in_cycles)
+
+
+def render(report: Report, allowed=None, known_cycle_modules=None, show_all=False) -> tuple[str, bool]:
+    """The report as text and whether the contract holds (nothing new, nothing stale)."""
+    allowed = ALLOWED if allowed is None else allowed
+    new, stale, new_cyc, stale_cyc = verdict(report, allowed, known_cycle_modules)
+    lines = []
+    if report.unmapped:
+        lines.append("modules in no layer (add their package to LAYERS):")
+        lines += [f"  {m} ({report.modules[m]})" for m in report.unmapped]
+    shown = report.breaks if show_all else new
+    if shown:
+        lines.append("upward/sideways imports" + ("" if show_all else " not in ALLOWED") + ":")
+        for e, kind in sorted(shown, key=lambda x: (x[0].file, x[0].line)):
+            tag = " (allowed)" if (e.file, e.dst) in allowed else " NEW"
+            lines.append(f"  {e.file}:{e.line}: {kind} {package_of(e.src) or 'torchtpu'} -> "
+                         f"{e.dst}{' [lazy]' if e.lazy else ''}{tag}")
+    if stale:
+        lines.append("stale ALLOWED entries (no such import any more: remove them):")
+        lines += [f"  {f} -> {t}" for f, t in stale]
+    if report.cycles:
+        lines.append(f"{'cycle':>5}  {'modules':>7}  {'lazy edges':>10}  members")
+        for i, c in enumerate(report.cycles, 1):
+            cs = set(c)
+            inner = [e for e in report.edges if e.src in cs and e.dst in cs]
+            lazy = sum(e.lazy for e in inner)
+            lines.append(f"{i:>5}  {len(c):>7}  {lazy:>4}/{len(inner):<5}  {', '.join(c)}")
+    if new_cyc:
+        lines.append("modules newly in an import cycle: " + ", ".join(new_cyc))
+    if stale_cyc:
+        lines.append("KNOWN_CYCLE_MODULES no longer in a cycle (remove them): " + ", ".join(stale_cyc))
+    n_up = sum(k == "upward" for _, k in report.breaks)
+    n_side = len(report.breaks) - n_up
+    sizes = ",".join(str(len(c)) for c in report.cycles) or "-"
+    ok = not (new or stale or new_cyc or stale_cyc or report.unmapped)
+    lines.append(
+        f"layers: {len(report.modules)} modules, {len(report.edges)} imports; "
+        f"{n_up} upward + {n_side} sideways ({len({(e.file, e.dst) for e, _ in report.breaks})} file->module pairs, "
+        f"{len(new)} not allowed, {len(stale)} stale allowed); "
+        f"{len(report.cycles)} cycles (sizes {sizes}); {'OK' if ok else 'FAIL'}"
+    )
+    return "\n".join(lines), ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m torchtpu.validate layers", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent), help="package directory")
+    ap.add_argument("--all", action="store_true", help="list allowed breaks too, not only new ones")
+    args = ap.parse_args(argv)
+    text, ok = render(check(scan(Path(args.root))), show_all=args.all)
+    print(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
