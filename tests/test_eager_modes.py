@@ -226,9 +226,11 @@ def test_compile_storm_replays_op_by_op(defer, churn3):
 
 
 def test_replayed_region_error_names_issuing_op(defer, churn3, monkeypatch):
-    x = torch.zeros(1, 4, device="tpu")
+    # a shape that changes every step (cat along dim 1 of 2 rows: not one eager/growth.py
+    # buckets, as it does the token ids' dim 0 of 1 row)
+    x = torch.zeros(2, 1, device="tpu")
     for i in range(4):
-        x = torch.cat([x, torch.ones(1, 4, device="tpu")])
+        x = torch.cat([x, torch.ones(2, 1, device="tpu")], 1)
     y = x * 3  # issued here; this region is replayed op by op
     assert deferred._graph.churn and deferred._graph.nodes[-1].name == "mul.Tensor"
     node = deferred._graph.nodes[-1]
