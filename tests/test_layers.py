@@ -161,5 +161,9 @@ def test_cycles_are_strongly_connected_components(tmp_path):
         "runtime/c.py": "def f():\n    from . import a\n", "runtime/d.py": "from . import a\n",
         "runtime/e.py": "from .f import g\n", "runtime/f.py": "from .e import h\n",
     })
-    assert _check(root).cycles == [
-        ["pkg.runtime.a", "pkg.runtime.b", "pkg.runtime.c"], ["pkg.runtime.e", "pkg.runtime.f"]]
+    r = _check(root)
+    assert r.cycles == [["pkg.runtime.a", "pkg.runtime.b", "pkg.runtime.c"], ["pkg.runtime.e", "pkg.runtime.f"]]
+    # c's import of a is lazy: without it only e <-> f is a cycle at import time
+    assert r.import_time_cycles == [["pkg.runtime.e", "pkg.runtime.f"]]
+    text, _ = layers.render(r, allowed={}, known_cycle_modules=frozenset(), cycle_edges=True)
+    assert "pkg/runtime/c.py:2 -> pkg.runtime.a [lazy]" in text and "2 cycles (sizes 3,2), 1 without lazy" in text

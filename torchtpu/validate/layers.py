@@ -129,6 +129,7 @@ class Report:
     edges: list[Edge]
     breaks: list[tuple[Edge, str]] = field(default_factory=list)  # (edge, "upward"/"sideways")
     cycles: list[list[str]] = field(default_factory=list)
+    import_time_cycles: list[list[str]] = field(default_factory=list)  # module-level imports only
     unmapped: list[str] = field(default_factory=list)
 
 
@@ -243,6 +244,7 @@ def check(report: Report, layers=None, module_layers=None) -> Report:
         elif b == a and _group_of(e.src, module_layers) != _group_of(e.dst, module_layers):
             report.breaks.append((e, "sideways"))
     report.cycles = cycles(report.modules, report.edges)
+    report.import_time_cycles = cycles(report.modules, [e for e in report.edges if not e.lazy])
     return report
 
 
@@ -308,7 +310,8 @@ def verdict(report: Report, allowed=None, known_cycle_modules=None):
     return new, stale, sorted(in_cycles - known), sorted(known - in_cycles)
 
 
-def render(report: Report, allowed=None, known_cycle_modules=None, show_all=False) -> tuple[str, bool]:
+def render(report: Report, allowed=None, known_cycle_modules=None, show_all=False,
+           cycle_edges=False) -> tuple[str, bool]:
     """The report as text and whether the contract holds (nothing new, nothing stale)."""
     allowed = ALLOWED if allowed is None else allowed
     new, stale, new_cyc, stale_cyc = verdict(report, allowed, known_cycle_modules)
@@ -333,6 +336,9 @@ def render(report: Report, allowed=None, known_cycle_modules=None, show_all=Fals
             inner = [e for e in report.edges if e.src in cs and e.dst in cs]
             lazy = sum(e.lazy for e in inner)
             lines.append(f"{i:>5}  {len(c):>7}  {lazy:>4}/{len(inner):<5}  {', '.join(c)}")
+            if cycle_edges:
+                lines += [f"         {e.file}:{e.line} -> {e.dst}{' [lazy]' if e.lazy else ''}"
+                          for e in sorted(inner, key=lambda e: (e.file, e.line, e.dst))]
     if new_cyc:
         lines.append("modules newly in an import cycle: " + ", ".join(new_cyc))
     if stale_cyc:
@@ -345,7 +351,8 @@ def render(report: Report, allowed=None, known_cycle_modules=None, show_all=Fals
         f"layers: {len(report.modules)} modules, {len(report.edges)} imports; "
         f"{n_up} upward + {n_side} sideways ({len({(e.file, e.dst) for e, _ in report.breaks})} file->module pairs, "
         f"{len(new)} not allowed, {len(stale)} stale allowed); "
-        f"{len(report.cycles)} cycles (sizes {sizes}); {'OK' if ok else 'FAIL'}"
+        f"{len(report.cycles)} cycles (sizes {sizes}), {len(report.import_time_cycles)} without lazy imports; "
+        f"{'OK' if ok else 'FAIL'}"
     )
     return "\n".join(lines), ok
 
@@ -354,8 +361,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torchtpu.validate layers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent), help="package directory")
     ap.add_argument("--all", action="store_true", help="list allowed breaks too, not only new ones")
+    ap.add_argument("--edges", action="store_true", help="list the imports inside each cycle")
     args = ap.parse_args(argv)
-    text, ok = render(check(scan(Path(args.root))), show_all=args.all)
+    text, ok = render(check(scan(Path(args.root))), show_all=args.all, cycle_edges=args.edges)
     print(text)
     return 0 if ok else 1
 
