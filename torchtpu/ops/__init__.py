@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     factories,
     fft,
     foreach,
+    grouped_mm,
     growth,
     indexing,
     linalg,
