@@ -8,7 +8,7 @@ torch.compile use, accepts bfloat16 only (it mirrors the CUDA kernel). Here:
   (a native ragged matmul on TPU), 2D x 2D a `ragged_dot_general` ragged in the
   contracting dim, 3D x 3D a batched matmul;
 - CPU's argument checks, in CPU's order and with its messages, on torch tensors (strides
-  and alignment included), run by the eager kernel before the lowering and by the fake
+  included), run by the eager kernel before the lowering (the lowering's "check") and by the fake
   rule torch.compile uses for tpu tensors (PyTorch's meta kernel keeps serving other
   devices);
 - the backward is PyTorch's own derivative formula, which calls _grouped_mm again.
@@ -26,7 +26,7 @@ from jax import lax
 
 from . import checks as _checks
 from .linalg import _PRETTY, _TORCH_NAMES, _acc
-from .registry import LOWERINGS, kernel, lower
+from .registry import LOWERINGS, lower
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -187,13 +187,12 @@ def _args(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return mat_a, mat_b, offs, bias, out_dtype
 
 
-@kernel("_grouped_mm")
-def grouped_mm_kernel(*args, **kwargs):
-    """Eager: CPU's checks on the tensors' geometry, then the lowering (strict or deferred)."""
-    from ..eager.executor import execute
-
+def _eager_check(*args, **kwargs):
     check(*_args(*args, **kwargs))
-    return execute(LOWERINGS["_grouped_mm"], args, kwargs)
+
+
+# The eager kernel runs it on the tpu tensors before the lowering (strict or deferred).
+LOWERINGS["_grouped_mm"].extra["check"] = _eager_check
 
 
 def _fake(fake_mode, func, *args, **kwargs):

@@ -51,7 +51,7 @@ class Lowering:
     random: bool = False
     mode: str = "functional"  # or "inplace" / "out" for generated variants
     mutated: tuple[str, ...] = ()
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # also "check": f(*args, **kwargs) on the torch tensors, run by the eager kernel first
 
     @property
     def arg_index(self) -> dict[str, int]:
