@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "transfers": "torchtpu.bench.transfers:main",
     "autoload": "torchtpu.bench.autoload:main",
     "generate": "torchtpu.bench.generate:main",
+    "control": "torchtpu.bench.control:main",
 }
 
 
