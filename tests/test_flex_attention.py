@@ -170,3 +170,43 @@ def test_flex_attention_gqa_and_buffer_gradient_compiled():
     torch.testing.assert_close(got.cpu(), want.detach(), atol=1e-5, rtol=1e-5)
     for a, b in zip(tpu, cpu):
         torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_transformers_llama_flex_attention_compiled(monkeypatch):
+    """A tiny Llama with attn_implementation="flex_attention" under torch.compile(backend="tpu"):
+    logits, loss and gradients match the same weights with SDPA on CPU. Transformers 5.24 turns
+    its flex path off when the host accelerator is "tpu" (torch's flex_attention used to refuse
+    tpu tensors; import_utils.is_torch_flex_attn_available), so the test lifts that gate."""
+    transformers = pytest.importorskip("transformers")
+    import torch.nn.attention.flex_attention as fa
+    import transformers.integrations.flex_attention as tfa
+    import transformers.masking_utils as mu
+    import transformers.modeling_utils as mdu
+
+    for mod in (mu, mdu, tfa):
+        monkeypatch.setattr(mod, "is_torch_flex_attn_available", lambda: True, raising=False)
+    for name in ("BlockMask", "create_block_mask", "flex_attention", "AuxRequest"):
+        for mod in (mu, tfa):
+            monkeypatch.setattr(mod, name, getattr(fa, name), raising=False)
+    monkeypatch.setattr(tfa, "flex_default_block_size", fa._DEFAULT_SPARSE_BLOCK_SIZE, raising=False)
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
+    ids = torch.randint(0, 64, (2, 12))
+    want = ref(ids, labels=ids)
+    want.loss.backward()
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="flex_attention")
+    model.load_state_dict(ref.state_dict())
+    model = model.to("tpu").eval()
+    assert model.config._attn_implementation == "flex_attention"
+    before = torchtpu.metrics()["cpu_fallbacks"]
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="tpu")(ids.to("tpu"), labels=ids.to("tpu"))
+    got.loss.backward()
+    torch.testing.assert_close(got.logits.cpu(), want.logits.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.loss.cpu(), want.loss.detach(), atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert torchtpu.metrics()["cpu_fallbacks"] == before
