@@ -24,6 +24,7 @@ from torch._higher_order_ops.map import map_impl
 from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op, while_loop_stack_output_op
 
+from ..ops import checks
 from ..runtime.jaxenv import to_jax_dtype
 
 HOP = torch._ops.HigherOrderOperator
@@ -64,7 +65,12 @@ class Subgraph:
         self.random = self.program.n_random > 0
 
     def __call__(self, inputs, key=None):
-        outs, _ = self.program(list(inputs), (), key=key)
+        # Device-side checks reported inside a body are values of the body's own trace
+        # (a loop iteration, a vmapped element) and cannot join the program's flag output
+        # as they are: they go to a collector of their own and are dropped, so bodies keep
+        # XLA's semantics (an out-of-range index is clamped) instead of leaking tracers.
+        with checks.collect():
+            outs, _ = self.program(list(inputs), (), key=key)
         outs = _leaves(outs)
         return [_strong(o, v) for o, v in zip(outs, self.out_vals)]
 
