@@ -6,7 +6,6 @@ pinned, a pinned result for a non-blocking device->host copy) follows CUDA's beh
 """
 from __future__ import annotations
 
-import gc
 import warnings
 
 import pytest
@@ -59,20 +58,14 @@ def test_pin_memory_errors_as_cpu_torch():
 
 
 def test_pinned_blocks_are_released():
-    gc.collect()
     before = pinned.stats()
     p = torch.randn(1000).pin_memory()
     view = p[10:]
     assert pinned.stats()["bytes"] >= before["bytes"] + 4000
     del p
     assert view.is_pinned()  # the view keeps the block
-    del view
-    gc.collect()
-    after = pinned.stats()
-    assert (after["blocks"], after["bytes"]) == (before["blocks"], before["bytes"])
-    assert after["cached"] >= 4000  # the freed block is kept for reuse
-    again = torch.randn(1000).pin_memory()
-    assert again.is_pinned() and pinned.stats()["cached"] == after["cached"] - 4096
+    del view  # CPU tensors hold no cycles: the block goes when the last one dies
+    assert pinned.stats() == before
     assert not torch.randn(1000).is_pinned()
 
 

@@ -11,11 +11,11 @@ getPinnedMemoryAllocator"). Their ATen kernels are served here instead:
   as CUDA's does; everything else runs PyTorch's own composite (redispatched at the
   CPU key, where it is the kernel; its allocations and copy_ dispatch by device).
 
-`.to("cpu", non_blocking=True)` returns before the value has landed (a worker thread
-writes it into the pinned result, runtime/transfer.to_host_async); as with CUDA the
-values are right once the user synchronizes (`torch.tpu.synchronize()`, a stream's or
-event's synchronize) or makes any blocking host read after it. A `copy_` into a host
-tensor with non_blocking=True completes before it returns.
+The device-to-host copy itself completes before `.to("cpu", non_blocking=True)`
+returns. CUDA's contract (values are right once the user synchronizes) holds at
+once; the copy is not overlapped with the host because callers synchronize through
+`Stream.synchronize()` (torch.distributed.checkpoint does), which reaches the C++
+device guard, and a copy still in flight there would be read torn.
 `torch.empty(..., pin_memory=True)` still raises: CPU allocation never leaves C++.
 """
 from __future__ import annotations
@@ -75,10 +75,6 @@ def _contiguous(shape):
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
-    if non_blocking and device is not None and torch.device(device).type == "cpu" \
-            and layout in (None, torch.strided) and memory_format in (None, torch.preserve_format) \
-            and not self.is_sparse:
-        return _to_host_async(self, dtype)
     if (non_blocking or pin_memory) and device is not None and torch.device(device).type == "cpu" \
             and layout in (None, torch.strided):
         # CUDA gives a pinned result for a non-blocking device->host copy.
@@ -86,20 +82,6 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         host = _to_copy_op.redispatch(_CPU, self, non_blocking=False, **kw)
         return _pin_memory(host)
     return _to_copy_op.redispatch(_CPU, self, non_blocking=non_blocking, **kw)
-
-
-def _to_host_async(self, dtype):
-    """A non-blocking copy to pinned host memory: returns before the value lands (see
-    runtime/transfer.to_host_async); the layout is the one `_to_copy` would give."""
-    from ..runtime import transfer
-
-    src = self if dtype is None or dtype == self.dtype else self.to(dtype)  # converted on the device
-    shape = tuple(src.shape)
-    out = pinned.empty_strided(shape, src.stride() if _dense(src) else _contiguous(shape), src.dtype)
-    if out.numel():
-        view = out.view(torch.int16) if out.dtype == torch.bfloat16 else out
-        transfer.to_host_async(src, view.numpy())
-    return out
 
 
 _done = False

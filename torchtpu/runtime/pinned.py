@@ -6,7 +6,7 @@ provide one, so the device layer serves `_pin_memory` / `is_pinned` for CPU tens
 from here (device/host_memory.py). A pinned block is an anonymous, page-aligned
 memory mapping owned by the CPU tensor's storage; the ranges of live blocks are kept
 so `is_pinned()` answers for any tensor or view inside one, and a block leaves the
-table when its storage dies (and goes back to a bounded pool for reuse).
+table when its storage dies (before the mapping is unmapped).
 
 What pinning buys here: PJRT stages every host-to-device copy through buffers of its
 own (XLA:CPU copies, TPU/GPU DMA from the runtime's pinned staging memory), and no JAX
@@ -30,60 +30,28 @@ _lock = threading.Lock()
 _stats = {"blocks": 0, "bytes": 0}
 
 
-# Freed blocks are kept for reuse, by power-of-two size class, up to CACHE_BYTES in all
-# (as CUDA's caching host allocator does): a fresh mapping costs a page fault per 4 KiB
-# on first touch, so pinning every DataLoader batch into new mappings would cost several
-# times a plain copy.
-CACHE_BYTES = 1 << 30
-_pool: dict[int, list] = {}
-_pooled = [0]
-
-
-def _size_class(nbytes: int) -> int:
-    return max(4096, 1 << (max(int(nbytes), 1) - 1).bit_length())
-
-
-def _forget(start: int, mm) -> None:
+def _forget(start: int) -> None:
     with _lock:
         i = bisect.bisect_left(_starts, start)
         if i < len(_starts) and _starts[i] == start:
             del _starts[i]
             _stats["blocks"] -= 1
             _stats["bytes"] -= _ends.pop(start) - start
-        size = len(mm)
-        if _pooled[0] + size <= CACHE_BYTES:
-            _pool.setdefault(size, []).append(mm)
-            _pooled[0] += size
 
 
 def empty_bytes(nbytes: int) -> torch.Tensor:
     """A new pinned CPU uint8 tensor of `nbytes` bytes (uninitialized, as torch.empty)."""
-    nbytes = int(nbytes)
-    size = _size_class(nbytes)
-    with _lock:
-        free = _pool.get(size)
-        mm = free.pop() if free else None
-        if mm is not None:
-            _pooled[0] -= size
-    if mm is None:
-        mm = mmap.mmap(-1, size)
+    mm = mmap.mmap(-1, max(int(nbytes), 1))
     arr = np.frombuffer(mm, dtype=np.uint8)[:nbytes]
     t = torch.from_numpy(arr)  # the storage holds `arr`, `arr` holds the mapping
-    start = np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0]
+    start = arr.__array_interface__["data"][0]
     with _lock:
         bisect.insort(_starts, start)
-        _ends[start] = start + size
+        _ends[start] = start + max(int(nbytes), 1)
         _stats["blocks"] += 1
-        _stats["bytes"] += size
-    weakref.finalize(arr, _forget, start, mm)  # back to the pool when the storage dies
+        _stats["bytes"] += max(int(nbytes), 1)
+    weakref.finalize(arr, _forget, start)
     return t
-
-
-def empty_cache() -> None:
-    """Unmap the cached free blocks."""
-    with _lock:
-        _pool.clear()
-        _pooled[0] = 0
 
 
 def empty_strided(size, stride, dtype: torch.dtype) -> torch.Tensor:
@@ -104,5 +72,5 @@ def is_pinned_ptr(ptr: int) -> bool:
 
 
 def stats() -> dict:
-    """Live pinned blocks and their bytes (size classes), and the bytes cached for reuse."""
-    return dict(_stats, cached=_pooled[0])
+    """Live pinned blocks and their bytes."""
+    return dict(_stats)

@@ -1,11 +1,8 @@
 """Host <-> device transfers and reading a tensor's value out of its storage."""
 from __future__ import annotations
 
-import collections
 import functools
 import math
-import queue
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -102,8 +99,6 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     A host read is where device-side check failures surface (runtime/checks.py)."""
     from . import checks
 
-    if _copies:
-        wait_host_copies()
     a = _host_value(t)  # (runs the deferred region that computes it, if any)
     if checks._pending or checks._tripped:
         checks.raise_pending()
@@ -132,8 +127,6 @@ def reinterpret(buf: jax.Array, dtype) -> jax.Array:
 
 def storage_to_host(entry: storage.Entry) -> np.ndarray:
     """A storage's bytes on the host, as a flat uint8 array (blocks until computed)."""
-    if _copies:
-        wait_host_copies()
     a = np.asarray(buffer(entry)).reshape(-1)
     metrics.bump("transfers_to_host")
     metrics.bump("bytes_to_host", a.nbytes)
@@ -146,84 +139,3 @@ def bytes_to_device(data: np.ndarray, dtype) -> jax.Array:
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())
-
-
-# --- non-blocking device->host copies -----------------------------------------
-# `.to("cpu", non_blocking=True)` returns at once; a worker thread waits for the value
-# and writes it into the (pinned) destination. As on CUDA's one stream the copies are
-# ordered with the host reads issued after them: a blocking read (`.item()`, `.cpu()`,
-# torch.save) first waits for every earlier non-blocking copy, and synchronize(),
-# events and Stream.query() see them through runtime/inflight.
-
-
-class HostCopy:
-    """One device->host copy in flight; `dst` is a numpy view of the destination."""
-
-    __slots__ = ("src", "dst", "done", "error")
-
-    def __init__(self, src, dst):
-        self.src, self.dst = src, dst
-        self.done = threading.Event()
-        self.error = None
-
-    def is_ready(self) -> bool:
-        return self.done.is_set()
-
-    def block_until_ready(self):
-        self.done.wait()
-        return self
-
-    def run(self) -> None:
-        try:
-            a = np.asarray(self.src)
-            if a.dtype != self.dst.dtype:  # bfloat16 lands through an int16 view
-                a = a.view(self.dst.dtype)
-            np.copyto(self.dst, a.reshape(self.dst.shape))
-        except BaseException as e:  # noqa: BLE001 - raised at the next host read
-            self.error = e
-        finally:
-            self.src = self.dst = None
-            self.done.set()
-
-
-_copies: collections.deque = collections.deque()
-_copy_queue: queue.SimpleQueue = queue.SimpleQueue()
-_copy_worker: list = []
-
-
-def _copy_loop() -> None:
-    while True:
-        _copy_queue.get().run()
-
-
-def to_host_async(t: torch.Tensor, dst: np.ndarray) -> HostCopy:
-    """Start copying tpu tensor `t` into host array `dst` (same shape); returns at once."""
-    from . import inflight
-
-    src = value(t)  # dispatched, not waited for (a deferred value is materialized first)
-    try:
-        src.copy_to_host_async()
-    except Exception:  # noqa: BLE001 - an optimization only
-        pass
-    job = HostCopy(src, dst)
-    metrics.bump("transfers_to_host")
-    metrics.bump("bytes_to_host", dst.nbytes)
-    if not _copy_worker:
-        w = threading.Thread(target=_copy_loop, name="torchtpu-host-copies", daemon=True)
-        w.start()
-        _copy_worker.append(w)
-    while _copies and _copies[0].done.is_set() and _copies[0].error is None:
-        _copies.popleft()
-    _copies.append(job)
-    _copy_queue.put(job)
-    inflight.retire(job)  # synchronize(), events and Stream.query() wait for it
-    return job
-
-
-def wait_host_copies() -> None:
-    """Block until every non-blocking device->host copy issued so far has landed."""
-    while _copies:
-        job = _copies.popleft()
-        job.done.wait()
-        if job.error is not None:
-            raise RuntimeError(f"torchtpu: a non-blocking copy to the host failed: {job.error}") from job.error
