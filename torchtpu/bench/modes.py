@@ -1,6 +1,6 @@
 """Eager modes side by side: strict vs defer_and_fuse, in one run.
 
-    python -m torchtpu.bench modes [--steps N] [--warmup W]
+    python -m torchtpu.bench modes [--steps N] [--warmup W] [--checks]
 
 1. Training step (forward + backward + AdamW) of an MLP and of a small GPT
    (2 layers, d=128, seq 64, batch 8): ms/step after warm-up, speed-up of
@@ -11,6 +11,9 @@
    cosine schedule and whose last batch is shorter.
 3. Greedy generation of 32 tokens with a KV cache that grows every token, each mode
    starting from empty executable caches.
+
+--checks instead times the training steps of both modes with device-side checks on
+and off (torchtpu.set_checks), interleaved in one run: the cost of the flags.
 """
 from __future__ import annotations
 
@@ -113,6 +116,55 @@ def _train(task, steps: int, warmup: int, rounds: int):
     return out
 
 
+def _train_checks(task, steps: int, warmup: int, rounds: int):
+    """Each mode with device-side checks on and off, interleaved blocks as in _train;
+    returns {(mode, checks): median ms/step}."""
+    configs = [(mode, on) for mode in MODES for on in (True, False)]
+    runs = {}
+    for mode, on in configs:
+        torchtpu.set_checks(on)
+        runs[(mode, on)] = _setup(task, mode, warmup)
+    per = max(steps // rounds, 1)
+    times = {c: [] for c in configs}
+    i = warmup
+    try:
+        for _ in range(rounds):
+            for c in configs:
+                mode, on = c
+                torchtpu.set_checks(on)
+                step, losses = runs[c]
+                with torchtpu.eager_mode(mode):
+                    torch.tpu.synchronize()
+                    t0 = time.perf_counter()
+                    for k in range(per):
+                        step(i + k)
+                    losses[-1].item()
+                    times[c].append((time.perf_counter() - t0) / per)
+            i += per
+    finally:
+        torchtpu.set_checks(True)
+    return {c: 1e3 * sorted(t)[len(t) // 2] for c, t in times.items()}
+
+
+def _main_checks(args) -> int:
+    rows = []
+    tasks = [("MLP", _mlp_task()), ("GPT 2L d128 s64 b8", _gpt_task())]
+    for n, (name, task) in enumerate(tasks, 1):
+        print(f"[{n}/{len(tasks)}] training {name}, checks on and off, both modes interleaved ...", flush=True)
+        rows.append((name, _train_checks(task, args.steps, args.warmup, args.rounds)))
+    print()
+    print(f"device-side checks, training step, XLA:{torchtpu.platform()}, ms/step (median of {args.rounds} "
+          f"interleaved blocks); ratio = checks on / checks off")
+    hdr = f"{'model':<22}{'mode':<16}{'checks on':>11}{'checks off':>12}{'ratio':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for name, res in rows:
+        for mode in MODES:
+            on, off = res[(mode, True)], res[(mode, False)]
+            print(f"{name:<22}{mode:<16}{on:>11.2f}{off:>12.2f}{on / off:>8.3f}")
+    return 0
+
+
 def _schedule_compiles(total=50, batch=8, last=5):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -162,7 +214,10 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4, help="interleaved timing blocks per mode")
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--checks", action="store_true", help="training steps with device-side checks on vs off")
     args = p.parse_args(argv)
+    if args.checks:
+        return _main_checks(args)
 
     rows = []
     tasks = [("MLP", _mlp_task()), ("GPT 2L d128 s64 b8", _gpt_task())]

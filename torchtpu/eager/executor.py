@@ -54,7 +54,7 @@ class _Compiled:
     def shape_free_key(self):
         """The cache key without sizes, strides and offsets: calls of one op that differ
         only in geometry share it (a growing KV cache gives one such key many keys)."""
-        name, mode, pos, kw, leaves, specs, inited = self.key
+        name, mode, pos, kw, leaves, specs, inited = self.key[:7]
         return (name, mode, pos, kw, tuple((lf[0], len(lf[1]), lf[4]) + lf[5:] for lf in leaves),
                 tuple(sp[1] for sp in specs), inited)
 
@@ -452,7 +452,7 @@ def _execute(low: Lowering, args, kwargs):
     entries = flat.entries
     store_specs = tuple([(e.numel, e.dtype) for e in entries])
     inited = tuple([e.buf is not None for e in entries])
-    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited)
+    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0])
     compiled = _cache.get(key)
     if compiled is None:
         compiled = _Compiled()
