@@ -27,7 +27,7 @@ from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
 from ..runtime import cache as _exe_cache
 from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors
-from . import deferred, growth, modes, scalars
+from . import argcheck, deferred, growth, modes, scalars
 from ..runtime.jaxenv import TORCH_TO_JAX as _T2J
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from ..runtime.storage import _table
@@ -455,6 +455,7 @@ def _execute(low: Lowering, args, kwargs):
     key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0])
     compiled = _cache.get(key)
     if compiled is None:
+        argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
         compiled = _Compiled()
         compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)

@@ -16,7 +16,7 @@ from .. import metrics
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
-from . import fallback
+from . import argcheck, fallback
 from .executor import execute
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -59,7 +59,10 @@ def _out_kernel(low: Lowering):
     functional = low.extra["functional"]
     outs_names = low.mutated
 
+    op = low.overload
+
     def kernel(*args, **kwargs):
+        argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs))
         outs = [kwargs.pop(n) for n in outs_names]
         result = execute(functional, args, kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]

@@ -1,0 +1,155 @@
+"""Argument checks as CPU PyTorch makes them, before any program runs.
+
+A lowering is a JAX function: handed arguments CPU rejects (a weight of the wrong
+rank, a negative padding, an out= of the wrong dtype) it either computes a plausible
+number or fails inside JAX's tracer with a message no PyTorch user recognises. So the
+first call of each signature runs the op on meta stand-ins of its tensors first:
+PyTorch's own meta kernels make the CPU kernel's shape, dtype, argument and memory
+overlap checks (stand-ins of one storage share one meta storage, so an out= that
+overlaps its input is caught). The meta kernel is only the detector: a call it rejects
+runs once more on CPU copies of its tensors and CPU's own exception (class and
+message) is raised; where CPU accepts what a meta kernel rejected, the call goes
+ahead. A signature that passed is not checked again: the cost is paid once per
+compiled executable.
+
+Meta kernels that cannot answer (data-dependent shapes, no meta kernel) are skipped;
+their op is checked by its lowering or kernel instead.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_map
+
+# Errors that say "the meta kernel cannot decide", never "the arguments are wrong".
+_UNDECIDABLE = (
+    "meta", "data-dependent", "data dependent", "Cannot access data pointer", "not allocated",
+    "DataDependent", "DynamicOutputShape", "unbacked", "is not implemented for", "Could not run",
+    "no attribute",
+)
+_passed: set = set()
+_MAX_PASSED = 100_000
+
+
+def check(op: torch._ops.OpOverload, args, kwargs) -> None:
+    """Raise CPU's error for arguments the meta kernel of `op` rejects; else return."""
+    try:
+        margs, mkwargs = _convert(args, kwargs, _meta_of)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*margs, **mkwargs)
+        return
+    except Exception as err:  # noqa: BLE001  (the meta kernel's verdict)
+        if _undecidable(err):
+            return
+        meta_err = err
+    name = str(op).removeprefix("aten.")
+    try:
+        cargs, ckwargs = _convert(args, kwargs, _cpu_of)
+    except Exception:  # noqa: BLE001  (no CPU copy to ask: the meta kernel's own message)
+        _raise(meta_err, name)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*cargs, **ckwargs)
+    except Exception as err:  # noqa: BLE001
+        _raise(err, name)
+
+
+def check_once(op: torch._ops.OpOverload, args, kwargs, key) -> None:
+    """check(), skipped for a `key` (see signature()) that already passed."""
+    if key is not None and key in _passed:
+        return
+    check(op, args, kwargs)
+    if key is not None and len(_passed) < _MAX_PASSED:
+        _passed.add(key)
+
+
+def _raise(err: BaseException, name: str):
+    err.add_note(f"torchtpu: raised by the argument checks of {name}, as CPU PyTorch raises it")
+    raise err.with_traceback(None) from None
+
+
+def _undecidable(err: BaseException) -> bool:
+    if isinstance(err, NotImplementedError) or not isinstance(err, (RuntimeError, IndexError, ValueError, TypeError)):
+        return True
+    name = type(err).__name__
+    msg = str(err)
+    return any(s in msg or s in name for s in _UNDECIDABLE)
+
+
+def _meta_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
+    key = (t.untyped_storage()._cdata, t.dtype)
+    base = bases.get(key)
+    if base is None:
+        extent = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+        numel = t.untyped_storage().nbytes() // t.element_size()
+        base = bases[key] = torch.empty(max(numel, extent if t.numel() else 0), dtype=t.dtype, device="meta")
+    return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
+
+
+def _cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
+    """A CPU copy of `t` over a CPU copy of its whole storage (sharing kept)."""
+    from ..runtime import storage, transfer
+    from ..runtime.jaxenv import numpy_to_torch, to_jax_dtype
+
+    key = (t.untyped_storage()._cdata, t.dtype)
+    base = bases.get(key)
+    if base is None:
+        entry = storage.lookup(t)
+        if entry.dtype != to_jax_dtype(t.dtype):
+            raise TypeError("a view of another dtype")
+        base = bases[key] = numpy_to_torch(np.array(transfer.buffer(entry)))
+    return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
+
+
+def _bits(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The lazy conjugate/negative bits of `t` on its stand-in."""
+    if t.is_complex():
+        if t.is_conj():
+            m = m.conj()
+        if t.is_neg():
+            m = torch._neg_view(m)
+    return m
+
+
+def _convert(args, kwargs, of):
+    bases: dict = {}
+    to = "meta" if of is _meta_of else "cpu"
+
+    def conv(a):
+        if isinstance(a, torch.Tensor):
+            return a if a.device.type in ("cpu", "meta") else of(a, bases)
+        if isinstance(a, torch.device) and a.type == "tpu":
+            return torch.device(to)
+        if isinstance(a, str) and a.split(":")[0] == "tpu":
+            return to
+        return a
+
+    return tree_map(conv, (args, kwargs))
+
+
+def _sig(a, ids: dict):
+    if isinstance(a, torch.Tensor):
+        if a.device.type == "cpu":
+            return ("c", tuple(a.shape), a.dtype)
+        sid = ids.setdefault(a.untyped_storage()._cdata, len(ids))  # the sharing pattern, not the address
+        return (sid, tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.is_conj(), a.is_neg())
+    if isinstance(a, (list, tuple)):
+        return tuple(_sig(x, ids) for x in a)
+    if isinstance(a, float) and a != a:
+        return "nan"
+    return a
+
+
+def signature(op, args, kwargs):
+    """A hashable key of a call's geometry, dtypes, storage sharing and argument values."""
+    ids: dict = {}
+    try:
+        key = (op, _sig(args, ids), tuple((k, _sig(v, ids)) for k, v in kwargs.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return None
