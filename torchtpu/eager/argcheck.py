@@ -33,22 +33,27 @@ _passed: set = set()
 _MAX_PASSED = 100_000
 
 
-def check(op: torch._ops.OpOverload, args, kwargs) -> None:
+def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> None:
     """Raise CPU's error for arguments the meta kernel of `op` rejects; else return."""
+    # meta kernels do not make every overlap check CPU kernels make: overlapping calls ask CPU
+    overlaps = ask_cpu or _overlaps(op, args, kwargs)
+    meta_err = None
     try:
         margs, mkwargs = _convert(args, kwargs, _meta_of)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*margs, **mkwargs)
-        return
     except Exception as err:  # noqa: BLE001  (the meta kernel's verdict)
-        if _undecidable(err):
-            return
-        meta_err = err
+        if not _undecidable(err):
+            meta_err = err
+    if meta_err is None and not overlaps:
+        return
     name = str(op).removeprefix("aten.")
     try:
         cargs, ckwargs = _convert(args, kwargs, _cpu_of)
     except Exception:  # noqa: BLE001  (no CPU copy to ask: the meta kernel's own message)
+        if meta_err is None:
+            return
         _raise(meta_err, name)
     try:
         with warnings.catch_warnings():
@@ -58,13 +63,40 @@ def check(op: torch._ops.OpOverload, args, kwargs) -> None:
         _raise(err, name)
 
 
-def check_once(op: torch._ops.OpOverload, args, kwargs, key) -> None:
+def check_once(op: torch._ops.OpOverload, args, kwargs, key, ask_cpu: bool = False) -> None:
     """check(), skipped for a `key` (see signature()) that already passed."""
     if key is not None and key in _passed:
         return
-    check(op, args, kwargs)
+    check(op, args, kwargs, ask_cpu)
     if key is not None and len(_passed) < _MAX_PASSED:
         _passed.add(key)
+
+
+def _overlaps(op, args, kwargs) -> bool:
+    """A tensor the op writes overlaps another argument (other than exactly, for an in-place
+    op's self) or itself (a stride-0 dim): the cases CPU kernels reject as "unsupported
+    operation" that meta kernels let through."""
+    schema = op._schema.arguments
+    written, read = [], []
+    for i, a in enumerate(schema):
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        ts = [v] if isinstance(v, torch.Tensor) else [x for x in v if isinstance(x, torch.Tensor)] \
+            if isinstance(v, (list, tuple)) else []
+        is_out = a.alias_info is not None and a.alias_info.is_write
+        (written if is_out else read).extend((t, a.kwarg_only) for t in ts if t.device.type == "tpu")
+    if not written:
+        return False
+    for w, out_kw in written:
+        if any(st == 0 and sz > 1 for sz, st in zip(w.shape, w.stride())):
+            return True
+        ws = w.untyped_storage()._cdata
+        for r, _ in read:
+            if r.untyped_storage()._cdata == ws:
+                same = (r.storage_offset() == w.storage_offset() and r.shape == w.shape
+                        and r.stride() == w.stride() and r.dtype == w.dtype)
+                if not same or out_kw:
+                    return True
+    return False
 
 
 def _raise(err: BaseException, name: str):
@@ -101,7 +133,7 @@ def _cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
         entry = storage.lookup(t)
         if entry.dtype != to_jax_dtype(t.dtype):
             raise TypeError("a view of another dtype")
-        base = bases[key] = numpy_to_torch(np.array(transfer.buffer(entry)))
+        base = bases[key] = numpy_to_torch(np.array(transfer.buffer(entry))).clone()  # resizable
     return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
 
 
@@ -119,9 +151,16 @@ def _convert(args, kwargs, of):
     bases: dict = {}
     to = "meta" if of is _meta_of else "cpu"
 
+    same: dict = {}  # one stand-in per tensor: CPU tells `out=x` with x an input by identity
+
     def conv(a):
         if isinstance(a, torch.Tensor):
-            return a if a.device.type in ("cpu", "meta") else of(a, bases)
+            if a.device.type in ("cpu", "meta"):
+                return a
+            m = same.get(id(a))
+            if m is None:
+                m = same[id(a)] = of(a, bases)
+            return m
         if isinstance(a, torch.device) and a.type == "tpu":
             return torch.device(to)
         if isinstance(a, str) and a.split(":")[0] == "tpu":

@@ -62,10 +62,16 @@ def _out_kernel(low: Lowering):
     op = low.overload
 
     def kernel(*args, **kwargs):
-        argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs))
+        key = argcheck.signature(op, args, kwargs)
+        argcheck.check_once(op, args, kwargs, key)
+        full = dict(kwargs)
         outs = [kwargs.pop(n) for n in outs_names]
         result = execute(functional, args, kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
+        if any(o.dtype != r.dtype for o, r in zip(outs, results)):
+            # CPU's out= dtype rules differ by op (an exact match for neg/floor, a safe cast for
+            # add, the input's dtype for amax): CPU decides, once per signature
+            argcheck.check_once(op, args, full, ("dtype", key), ask_cpu=True)
         for o, r, n in zip(outs, results, outs_names):
             if o.dtype != r.dtype and not torch.can_cast(r.dtype, o.dtype):
                 raise RuntimeError(
@@ -114,9 +120,25 @@ def register_lowerings() -> None:
         on_lowering(_serve)
 
 
+def _checked_kernel(fn, op):
+    outs = tuple(a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None
+                 and a.alias_info.is_write)
+
+    def kernel(*args, **kwargs):
+        # an out= whose dtype no input has (nonzero(out=float)): CPU decides, once per signature
+        odd = bool(outs) and any(
+            isinstance(kwargs.get(n), torch.Tensor) and all(
+                kwargs[n].dtype != a.dtype for a in args if isinstance(a, torch.Tensor)) for n in outs)
+        argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs), ask_cpu=odd)
+        return fn(*args, **kwargs)
+
+    return kernel
+
+
 def register_kernels() -> None:
     for name, fn in KERNELS.items():
-        _impl(name, fn)
+        # the fused optimizer steps are on the hot path and take only tensors they made
+        _impl(name, fn if name.startswith("_fused") else _checked_kernel(fn, overload(name)))
         SERVED.setdefault(name, None)
     for name, fn in AUTOGRAD_KERNELS.items():
         # at PrivateUse1 too: under inference_mode the autograd keys are skipped

@@ -2,6 +2,9 @@
 
     python -m torchtpu.validate ops [--json PATH] [--markdown PATH] [--ops NAME ...]
                                     [--dtypes float32 int64] [--max-samples N] [--no-backward]
+    python -m torchtpu.validate ops --errors [--ops NAME ...] [--json PATH] [--markdown PATH]
+        every OpInfo's error_inputs instead (see validate/error_inputs.py); --markdown
+        replaces only the report's "Error inputs" section
 
 Each OpInfo ends in one state per direction (forward, and backward for
 differentiable ones): pass-native, pass-with-fallback, mismatch, error, skipped.
@@ -475,10 +478,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--timeout", type=int, default=180, help="seconds per OpInfo")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--errors", action="store_true",
+                   help="run the OpInfos' error_inputs: same exception class and message as CPU")
     p.add_argument("--write-expected", metavar="PATH",
                    help="write {OpInfo: [forward, backward]} states, the data tests/test_opinfo.py checks")
     args = p.parse_args(argv)
     ops = select(args.ops)
+    if args.errors:
+        from . import error_inputs
+
+        return error_inputs.main(ops, argv, args.json, args.markdown)
     names = [opinfo_name(o) for o in ops]
     prog = Progress(len(ops), "ops ")
     results = []
