@@ -423,9 +423,15 @@ def _describe(low: Lowering, flat: _Flat) -> str:
     return f"{low.name}({ins})"
 
 
-def _user_error(err: BaseException, low: Lowering, flat: _Flat) -> BaseException:
+def _user_error(err: BaseException, low: Lowering, flat: _Flat, args=None, kwargs=None) -> BaseException:
     """The error a PyTorch user expects: RuntimeError (as CPU/CUDA kernels raise for bad
-    shapes) naming the op, its inputs and the user's line. Errors of our own kind pass."""
+    shapes) naming the op, its inputs and the user's line. Errors of our own kind pass.
+    A lowering that fails in JAX (arguments no check caught) gets CPU's error if CPU
+    rejects the same call."""
+    if args is not None and not isinstance(err, (RuntimeError, NotImplementedError, IndexError)):
+        cpu = argcheck.cpu_error(low.overload, args, kwargs)
+        if cpu is not None:
+            err = cpu
     where = deferred._origin()
     at = f"\n  issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
     if isinstance(err, (RuntimeError, NotImplementedError, FloatingPointError, IndexError)):
@@ -470,7 +476,7 @@ def _execute(low: Lowering, args, kwargs):
                 _abstract(compiled, entries, flat.dyn, low.random)
             except Exception as err:
                 _drop(key)
-                raise _user_error(err, low, flat) from err
+                raise _user_error(err, low, flat, args, kwargs) from err
         outs = deferred.record(compiled, entries, flat.dyn, low, _make_output)
         return _finish(low, compiled, args, kwargs, outs)
     return _run_strict(low, compiled, key, flat, args, kwargs)
@@ -516,7 +522,7 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
             raise torch.OutOfMemoryError(
                 f"torchtpu: out of memory running {_describe(low, flat)}; released {n} cached "
                 f"executables (bound them with torchtpu.set_executable_limit): {err}") from err
-        raise _user_error(err, low, flat) from err
+        raise _user_error(err, low, flat, args, kwargs) from err
     if t0:
         program_timing.ran(low.name, (outs, updated), t0, not compiled.ran)
     count_run(compiled)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..runtime.jaxenv import to_jax_dtype
+from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
 from .registry import LOWERINGS, kernel, lower
 
@@ -457,6 +457,9 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 
 @lower("masked_scatter")
 def masked_scatter(self, mask, source):
+    if mask.dtype != jnp.bool_:
+        name = torch.empty(0, dtype=to_torch_dtype(mask.dtype)).type().split(".")[-1].removesuffix("Tensor")
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {name}")
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     s = jnp.broadcast_to(self, shape)
     m = jnp.broadcast_to(mask, shape).reshape(-1)

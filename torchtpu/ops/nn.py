@@ -123,6 +123,14 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 
 @lower("convolution", "convolution_overrideable")
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    # CPU's checks (ConvUtils check_shape_forward) that meta kernels skip; JAX would take a
+    # negative padding as cropping
+    for bad, msg in ((any(p < 0 for p in padding), "negative padding is not supported"),
+                     (any(p < 0 for p in output_padding), "negative output_padding is not supported"),
+                     (any(s <= 0 for s in stride), "non-positive stride is not supported"),
+                     (any(d <= 0 for d in dilation), "dilation should be greater than zero")):
+        if bad:
+            raise RuntimeError(msg)
     dt = input.dtype
     unbatched = False
     if input.ndim == weight.ndim - 1:  # unbatched input

@@ -153,7 +153,7 @@ def uniform(self, from_=0.0, to=1.0, generator=None, key=None):
     _require_float(self, "check_uniform_bounds")
     if from_ > to:
         raise RuntimeError(
-            f"uniform_ expects to return a [from, to) range, but found from={from_} > to={to}"
+            f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}"
         )
     dt = jnp.dtype(self.dtype)
     if _is_complex(dt):

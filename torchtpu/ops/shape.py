@@ -189,6 +189,9 @@ for _n in (1, 2, 3):
 
 @lower("narrow_copy")
 def narrow_copy(self, dim, start, length):
+    # narrow's own checks and messages, as devices other than CPU give them (CPU's
+    # narrow_copy kernel has its own, internal ones): on a meta stand-in
+    torch.empty(self.shape, device="meta").narrow(dim, start, length)
     dim = _wrap(dim, self.ndim)
     if start < 0:
         start += self.shape[dim]
@@ -302,7 +305,9 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     if all(s > 0 for s in size):
         last = offset + sum((s - 1) * st for s, st in zip(size, stride))
         if offset < 0 or last >= numel:
-            raise RuntimeError(f"as_strided_scatter: size {list(size)}, stride {list(stride)} and storage "
-                               f"offset {offset} reach element {last} of a tensor with {numel} elements")
+            item = jnp.dtype(self.dtype).itemsize  # CPU's message (setStorage), in bytes
+            raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, "
+                               f"and itemsize {item} requiring a storage size of {(last + 1) * item} are out of "
+                               f"bounds for storage of size {numel * item}")
     flat = geometry.write(self.reshape(-1), src.astype(self.dtype), size, stride, offset)
     return flat.reshape(self.shape)

@@ -902,6 +902,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 
 @lower("bucketize.Tensor", "bucketize.Scalar")
 def bucketize(self, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     return _search(boundaries, self, right, out_int32)
 
 
@@ -979,6 +981,8 @@ def _histdd(x, edges, weight, density, linear=False):
 
 def _ranges(x, bins, range_):
     d = x.shape[1]
+    if len(bins) != d:
+        raise RuntimeError("histogramdd: The size of bins must be equal to the innermost dimension of the input.")
     if range_ is not None:
         lo = jnp.asarray([range_[2 * i] for i in range(d)], x.dtype)
         hi = jnp.asarray([range_[2 * i + 1] for i in range(d)], x.dtype)
