@@ -62,7 +62,7 @@ def _signature(args, skip=frozenset()):
             except KeyError:
                 entry = storage.lookup(a)  # raises the explanatory error
             flag = ""
-            if dt in _COMPLEX and (a.is_conj() or a.is_neg()):
+            if a.is_neg() or (dt in _COMPLEX and a.is_conj()):
                 flag = ("conj" if a.is_conj() else "") + ("neg" if a.is_neg() else "")
             sig.append(("tpu", entry.numel, entry.dtype, a.shape, a.stride(), a.storage_offset(),
                         TORCH_TO_JAX[dt], flag))

@@ -31,7 +31,10 @@ _UNDECIDABLE = (
 )
 # Ops whose CPU kernel checks differently from every other device (CUDA and the composite
 # give one message, CPU's own kernel another): their lowering makes the other devices' checks.
-SKIP = {"narrow_copy.default"}
+SKIP = {"narrow_copy.default",
+        # checked by their kernels (ops/indexing.py), which warn for uint8 masks as CPU does once per
+        # call; the meta kernel's own warning would reach the user on top of it
+        "index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default"}
 _passed: set = set()
 _MAX_PASSED = 100_000
 
@@ -59,13 +62,13 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
     except Exception:  # noqa: BLE001  (no CPU copy to ask: the meta kernel's own message)
         if meta_err is None:
             return
-        _raise(meta_err, name)
+        _raise(meta_err, name, args, kwargs)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*cargs, **ckwargs)
     except Exception as err:  # noqa: BLE001
-        _raise(err, name)
+        _raise(err, name, args, kwargs)
 
 
 def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
@@ -79,8 +82,10 @@ def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
             warnings.simplefilter("ignore")
             op(*cargs, **ckwargs)
     except Exception as err:  # noqa: BLE001
-        err.add_note(f"torchtpu: raised by {str(op).removeprefix('aten.')} as CPU PyTorch raises it")
-        return err.with_traceback(None)
+        try:
+            _raise(err, str(op).removeprefix("aten."), args, kwargs)
+        except Exception as named:  # noqa: BLE001
+            return named
     return None
 
 
@@ -91,6 +96,13 @@ def check_once(op: torch._ops.OpOverload, args, kwargs, key, ask_cpu: bool = Fal
     check(op, args, kwargs, ask_cpu)
     if key is not None and len(_passed) < _MAX_PASSED:
         _passed.add(key)
+
+
+def odd_out_dtype(args, kwargs, outs) -> bool:
+    """An out= tensor has a dtype no tensor input has: CPU's out= dtype rules (exact for neg,
+    a safe cast for add, always int64 for nonzero) differ by op, so CPU is asked."""
+    dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    return any(isinstance(kwargs.get(n), torch.Tensor) and kwargs[n].dtype not in dts for n in outs)
 
 
 def _overlaps(op, args, kwargs) -> bool:
@@ -120,9 +132,26 @@ def _overlaps(op, args, kwargs) -> bool:
     return False
 
 
-def _raise(err: BaseException, name: str):
-    err.add_note(f"torchtpu: raised by the argument checks of {name}, as CPU PyTorch raises it")
-    raise err.with_traceback(None) from None
+def _describe(name: str, args, kwargs) -> str:
+    ins = ", ".join(f"{tuple(t.shape)}:{str(t.dtype).removeprefix('torch.')}"
+                    for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    return f"{name}({ins})"
+
+
+def _raise(err: BaseException, name: str, args=(), kwargs=None):
+    """Raise CPU's exception (class and message), its message extended by the op, its inputs
+    and the user's line, as every torchtpu error names them."""
+    from .deferred import _origin
+
+    where = _origin()
+    at = f", issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
+    msg = f"{err}\n  (torchtpu: {_describe(name, args, kwargs or {})} rejected as CPU PyTorch rejects it{at})"
+    try:
+        new = type(err)(msg)
+    except Exception:  # noqa: BLE001  (an exception class with its own constructor)
+        err.add_note(msg)
+        new = err
+    raise new.with_traceback(None) from None
 
 
 def _undecidable(err: BaseException) -> bool:

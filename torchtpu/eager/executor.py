@@ -56,7 +56,7 @@ class _Compiled:
         only in geometry share it (a growing KV cache gives one such key many keys)."""
         name, mode, pos, kw, leaves, specs, inited = self.key[:7]
         return (name, mode, pos, kw, tuple((lf[0], len(lf[1]), lf[4]) + lf[5:] for lf in leaves),
-                tuple(sp[1] for sp in specs), inited)
+                tuple(sp[1] for sp in specs), inited) + self.key[7:]
 
 
 _cache: dict = {}
@@ -123,7 +123,7 @@ class _Flat:
             self.offsets.append(offset)
             offset = None
         leaf = (si, shape, stride, offset, _T2J[dt])
-        if dt.is_complex and (t.is_conj() or t.is_neg()):
+        if t.is_neg() or (dt.is_complex and t.is_conj()):
             # lazy conjugate/negative views: the bit lives on the tensor, not the storage
             leaf += (("conj" if t.is_conj() else "") + ("neg" if t.is_neg() else ""),)
         self.leaves.append(leaf)
@@ -458,7 +458,9 @@ def _execute(low: Lowering, args, kwargs):
     entries = flat.entries
     store_specs = tuple([(e.numel, e.dtype) for e in entries])
     inited = tuple([e.buf is not None for e in entries])
-    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0])
+    # the default dtype decides result dtypes (uint8 + 5.5, int / int, 1j * x): part of the key
+    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0],
+           torch.get_default_dtype())
     compiled = _cache.get(key)
     if compiled is None:
         argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature

@@ -43,18 +43,34 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
+def _meta_bits(t: torch.Tensor) -> torch.Tensor:
+    """A meta stand-in carrying t's lazy conjugate/negative bits: PyTorch's view kernels read
+    them (x.conj().imag is a negative view; view_as_real refuses a conjugate)."""
+    m = _meta_like(t)
+    if t.is_conj():
+        m = m.conj()
+    if t.is_neg():
+        m = torch._neg_view(m)
+    return m
+
+
 def meta_view(op, args, kwargs):
     """Run a view op on meta stand-ins, then alias the tpu storage with the result's geometry."""
     base = next(a for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu")
     margs, mkwargs = tree_map(
-        lambda a: _meta_like(a) if isinstance(a, torch.Tensor) and a.device.type == "tpu" else a,
+        lambda a: _meta_bits(a) if isinstance(a, torch.Tensor) and a.device.type == "tpu" else a,
         (args, kwargs),
     )
     res = op(*margs, **mkwargs)
 
     def wrap(m):
         if isinstance(m, torch.Tensor):
-            return tensors.alias(base, m.shape, m.stride(), m.storage_offset(), m.dtype)
+            out = tensors.alias(base, m.shape, m.stride(), m.storage_offset(), m.dtype)
+            if out.is_neg() != m.is_neg():
+                torch._C._set_neg(out, m.is_neg())
+            if out.is_conj() != m.is_conj():
+                torch._C._set_conj(out, m.is_conj())
+            return out
         return m
 
     if isinstance(res, (list, tuple)):

@@ -63,7 +63,8 @@ def _out_kernel(low: Lowering):
 
     def kernel(*args, **kwargs):
         key = argcheck.signature(op, args, kwargs)
-        argcheck.check_once(op, args, kwargs, key)
+        # an out= of a dtype no input has: CPU checks it before anything else, so CPU decides
+        argcheck.check_once(op, args, kwargs, key, ask_cpu=argcheck.odd_out_dtype(args, kwargs, outs_names))
         full = dict(kwargs)
         outs = [kwargs.pop(n) for n in outs_names]
         result = execute(functional, args, kwargs)
@@ -125,11 +126,9 @@ def _checked_kernel(fn, op):
                  and a.alias_info.is_write)
 
     def kernel(*args, **kwargs):
-        # an out= whose dtype no input has (nonzero(out=float)): CPU decides, once per signature
-        odd = bool(outs) and any(
-            isinstance(kwargs.get(n), torch.Tensor) and all(
-                kwargs[n].dtype != a.dtype for a in args if isinstance(a, torch.Tensor)) for n in outs)
-        argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs), ask_cpu=odd)
+        # the out= of a hand-written kernel (nonzero(out=float)): CPU's checks decide, once per
+        # signature (these are rare, data-dependent ops)
+        argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs), ask_cpu=bool(outs))
         return fn(*args, **kwargs)
 
     return kernel
@@ -179,8 +178,27 @@ def resize_(self, size, memory_format=None):
     entry = storage.lookup(self)
     needed = self.storage_offset() + math.prod(size)
     storage.resize(entry, needed)
-    tensors.set_geometry(self, self.untyped_storage(), size, geometry.contiguous_strides(size), self.storage_offset())
+    tensors.set_geometry(self, self.untyped_storage(), size, _strides_for(size, memory_format), self.storage_offset())
     return self
+
+
+def _strides_for(size, memory_format) -> tuple:
+    """Dense strides of `size` in `memory_format` (contiguous, channels_last(_3d)), as resize_ lays
+    them out on CPU; preserve_format is not accepted by resize_ (meta checks reject it first)."""
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        want = 4 if memory_format is torch.channels_last else 5
+        if len(size) != want:
+            name = "channels_last" if want == 4 else "channels_last_3d"
+            raise RuntimeError(f"required rank {want} tensor to use {name} format")
+        # the channel dim (1) innermost, then the spatial dims, then the batch
+        order = [1] + list(range(len(size) - 1, 1, -1)) + [0]
+        strides = [0] * len(size)
+        acc = 1
+        for d in order:
+            strides[d] = acc
+            acc *= max(size[d], 1)
+        return tuple(strides)
+    return geometry.contiguous_strides(size)
 
 
 def as_strided(self, size, stride, storage_offset=None):
@@ -329,31 +347,28 @@ def _v_transpose(self, dim0, dim1):
 
 
 def _v_expand(self, size, implicit=False):
+    # PyTorch's inferExpandGeometry: a new leading dim of size 1 gets the stride of the dims
+    # inside it (size * stride), so expand(1, 1, 5) of a (5,) tensor has strides (5, 5, 1)
     n, k = self.dim(), len(size)
     if k < n:
         return None
     sh, st = self.shape, self.stride()
-    out_sh, out_st = [], []
-    for i, s in enumerate(size):
-        s = int(s)
+    out_sh, out_st = [0] * k, [0] * k
+    inner_size, inner_stride = 1, 0  # what lies inside the innermost dim (nothing)
+    for i in range(k - 1, -1, -1):
+        s = int(size[i])
         j = i - (k - n)
-        if j < 0:
-            if s < 0:
-                return None
-            out_sh.append(s)
-            out_st.append(0)
-            continue
-        cur = sh[j]
+        cur, stride = (sh[j], st[j]) if j >= 0 else (1, inner_size * inner_stride)
         if s == -1:
+            if j < 0:
+                return None
             s = cur
-        if s == cur:
-            out_sh.append(s)
-            out_st.append(st[j])
-        elif cur == 1 and s >= 0:
-            out_sh.append(s)
-            out_st.append(0)
-        else:
+        if s < 0 or (s != cur and cur != 1):
             return None
+        if s != cur:
+            stride = 0
+        out_sh[i], out_st[i] = s, stride
+        inner_size, inner_stride = s, stride
     return _alias(self, out_sh, out_st)
 
 

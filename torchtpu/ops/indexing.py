@@ -17,6 +17,7 @@ back only the size they need.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +146,9 @@ def _check_indices(self, indices):
     for a in indices:
         if a is not None and not (a.dtype in (torch.bool, torch.uint8, torch.int64, torch.int32)):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        if a is not None and a.dtype == torch.uint8:  # as CPU's expandTensors warns, per mask
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                          "torch.bool instead.", UserWarning, stacklevel=3)
 
 
 @kernel("index.Tensor")
@@ -599,8 +603,9 @@ def _count_unique(v, axis):
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _unique_at(v, axis, n):
+    # equal_nan=False: CPU's sorted unique keeps every NaN apart (NaN != NaN), as counted above
     vals, inv, cnt = jnp.unique(v.reshape(-1) if axis is None else v, axis=axis, size=n,
-                                return_inverse=True, return_counts=True)
+                                return_inverse=True, return_counts=True, equal_nan=False)
     return vals, inv.reshape(-1).astype(jnp.int64), cnt.astype(jnp.int64)
 
 

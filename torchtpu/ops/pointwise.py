@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import jax
+import torch
 import jax.numpy as jnp
 from jax import lax
 
@@ -747,7 +748,11 @@ def logical_not(self):
 
 def _check_integral(name, x):
     if not (_is_exact(x)):
-        raise RuntimeError(f'"{name}_cpu" not implemented for \'{jnp.dtype(x.dtype).name}\'')
+        # CPU's dispatch-macro error: NotImplementedError, the dtype by its ScalarType name
+        from ..runtime.jaxenv import to_torch_dtype
+
+        st = torch.empty(0, dtype=to_torch_dtype(x.dtype)).type().split(".")[-1].removesuffix("Tensor")
+        raise NotImplementedError(f'"{name}_cpu" not implemented for \'{st}\'')
 
 
 @lower("bitwise_and.Tensor", "bitwise_and.Scalar", "bitwise_and.Scalar_Tensor", promote=DEFAULT)

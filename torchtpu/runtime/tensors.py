@@ -28,12 +28,12 @@ def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | N
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
     out = _create((0,), dtype or base.dtype)
     _set_storage.redispatch(META, out, base.untyped_storage(), offset, list(shape), list(stride))
-    if out.is_complex() and base.is_complex():
-        # lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them
-        if base.is_conj():
-            torch._C._set_conj(out, True)
-        if base.is_neg():
-            torch._C._set_neg(out, True)
+    # lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them
+    # (a negative bit also on real views: x.conj().imag is the negated imaginary part)
+    if base.is_neg() and (out.dtype == base.dtype or out.is_complex() == base.is_complex()):
+        torch._C._set_neg(out, True)
+    if base.is_conj() and out.is_complex():
+        torch._C._set_conj(out, True)
     return out
 
 

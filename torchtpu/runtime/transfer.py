@@ -58,7 +58,7 @@ def value(t: torch.Tensor) -> jax.Array:
     shape = tuple(t.shape)
     dt = to_jax_dtype(t.dtype)
     buf = buffer(entry)
-    if dt.kind == "c" and (t.is_conj() or t.is_neg()):
+    if t.is_neg() or (dt.kind == "c" and t.is_conj()):
         x = _read(buf, shape, tuple(t.stride()), t.storage_offset(), dt)
         x = jnp.conj(x) if t.is_conj() else x
         return -x if t.is_neg() else x
@@ -81,7 +81,7 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
     entry = storage.lookup(t)
     dt = to_jax_dtype(t.dtype)
     numel = math.prod(t.shape)
-    if dt == entry.dtype and not (dt.kind == "c" and (t.is_conj() or t.is_neg())) \
+    if dt == entry.dtype and not (t.is_neg() or (dt.kind == "c" and t.is_conj())) \
             and entry.numel <= max(4 * numel, 1 << 16):
         flat = np.asarray(buffer(entry))
         if numel == entry.numel and geometry.is_contiguous(tuple(t.shape), t.stride()):
