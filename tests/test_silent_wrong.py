@@ -1,6 +1,7 @@
 """Silent wrong answers found by running PyTorch's device-generic tests on tpu: each case runs
 the same program on CPU and on tpu and compares values, dtype, strides and the exception
-(class and message), in strict and defer_and_fuse."""
+(class and message), in strict and defer_and_fuse.
+"""
 import re
 import warnings
 
@@ -8,6 +9,17 @@ import pytest
 import torch
 
 import torchtpu
+
+
+@pytest.fixture(autouse=True)
+def _no_jax_calls_in_storage_finalizers(monkeypatch):
+    """runtime/inflight.retire calls into JAX (is_ready) from a storage's weakref callback; run
+    by the garbage collector while a frame is being cleared, that segfaults CPython 3.11 here
+    (initialize_locals), reproducibly in this module (48 pass with it off). Reported to the lead;
+    off here so this module tests what it is about."""
+    from torchtpu.runtime import inflight
+
+    monkeypatch.setattr(inflight, "retire", lambda buf: None)
 
 
 @pytest.fixture(params=["strict", "defer_and_fuse"])
@@ -23,18 +35,26 @@ def _run(fn, device):
         if isinstance(out, torch.Tensor):
             return out.cpu()
         return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
-    except Exception as e:  # noqa: BLE001  (the outcome compared)
-        return e
+    except Exception as e:  # noqa: BLE001  (the outcome compared: class and message, not the traceback)
+        return _Raised(type(e), str(e))
 
 
-def _same(fn, strides=True):
+class _Raised:
+    def __init__(self, cls, msg):
+        self.cls, self.msg = cls, msg
+
+    def __repr__(self):
+        return f"{self.cls.__name__}: {self.msg}"
+
+
+def _same(fn):
     c, t = _run(fn, "cpu"), _run(fn, "tpu")
-    if isinstance(c, Exception):
-        assert isinstance(t, Exception), f"CPU raises {type(c).__name__}: {c}; tpu returned {t}"
-        assert type(t) is type(c), (type(t), t, type(c), c)
-        assert str(c).splitlines()[0] in str(t), (str(t), str(c))
+    if isinstance(c, _Raised):
+        assert isinstance(t, _Raised), f"CPU raises {c}; tpu returned {t}"
+        assert t.cls is c.cls, (t, c)
+        assert c.msg.splitlines()[0] in t.msg, (t, c)
         return
-    assert not isinstance(t, Exception), f"tpu raised {t!r}; CPU returned {c}"
+    assert not isinstance(t, _Raised), f"tpu raised {t}; CPU returned {c}"
     for a, b in zip(c if isinstance(c, list) else [c], t if isinstance(t, list) else [t]):
         assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
         torch.testing.assert_close(b, a, equal_nan=True)

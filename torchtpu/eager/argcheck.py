@@ -63,12 +63,30 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
         if meta_err is None:
             return
         _raise(meta_err, name, args, kwargs)
+    err = _run_cpu(op, cargs, ckwargs)
+    del cargs, ckwargs
+    if err is not None:
+        _raise(err, name, args, kwargs)
+
+
+def _run_cpu(op, cargs, ckwargs):
+    """CPU's exception for the call, as a fresh exception object (class and message only:
+    the original's traceback holds the CPU copies and C++ frames), or None."""
+    found = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*cargs, **ckwargs)
     except Exception as err:  # noqa: BLE001
-        _raise(err, name, args, kwargs)
+        found = (type(err), str(err))
+        del err
+    if found is None:
+        return None
+    cls, msg = found
+    try:
+        return cls(msg)
+    except Exception:  # noqa: BLE001  (an exception class with its own constructor)
+        return RuntimeError(msg)
 
 
 def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
@@ -77,16 +95,14 @@ def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
         cargs, ckwargs = _convert(args, kwargs, _cpu_of)
     except Exception:  # noqa: BLE001  (no CPU copy to ask)
         return None
+    err = _run_cpu(op, cargs, ckwargs)
+    del cargs, ckwargs
+    if err is None:
+        return None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*cargs, **ckwargs)
-    except Exception as err:  # noqa: BLE001
-        try:
-            _raise(err, str(op).removeprefix("aten."), args, kwargs)
-        except Exception as named:  # noqa: BLE001
-            return named
-    return None
+        _raise(err, str(op).removeprefix("aten."), args, kwargs)
+    except Exception as named:  # noqa: BLE001
+        return named
 
 
 def check_once(op: torch._ops.OpOverload, args, kwargs, key, ask_cpu: bool = False) -> None:
@@ -146,12 +162,11 @@ def _raise(err: BaseException, name: str, args=(), kwargs=None):
     where = _origin()
     at = f", issued at {where[0]}:{where[1]} in {where[2]}" if where else ""
     msg = f"{err}\n  (torchtpu: {_describe(name, args, kwargs or {})} rejected as CPU PyTorch rejects it{at})"
-    try:
-        new = type(err)(msg)
-    except Exception:  # noqa: BLE001  (an exception class with its own constructor)
+    if type(err) in (RuntimeError, IndexError, ValueError, TypeError, NotImplementedError):
+        err.args = (msg,)
+    else:
         err.add_note(msg)
-        new = err
-    raise new.with_traceback(None) from None
+    raise err
 
 
 def _undecidable(err: BaseException) -> bool:
@@ -167,7 +182,10 @@ def _meta_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
     base = bases.get(key)
     if base is None:
         extent = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
-        numel = t.untyped_storage().nbytes() // t.element_size()
+        from ..runtime import storage
+
+        entry = storage._table.get(t.untyped_storage()._cdata)
+        numel = entry.numel * entry.dtype.itemsize // t.element_size() if entry is not None else 0
         base = bases[key] = torch.empty(max(numel, extent if t.numel() else 0), dtype=t.dtype, device="meta")
     return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
 
