@@ -278,6 +278,8 @@ def index_select(self, dim, index):
 @lower("embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """weight[indices] (PyTorch's composite is index_select + view: one program here)."""
+    if weight.ndim != 2:  # the composite's first check
+        raise RuntimeError("'weight' must be 2-D")
     checks.index_in_range(indices, weight.shape[0], message=_out_of_range_in_self)
     return jnp.take(weight, indices, axis=0, mode="clip")
 
