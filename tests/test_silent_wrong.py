@@ -11,17 +11,6 @@ import torch
 import torchtpu
 
 
-@pytest.fixture(autouse=True)
-def _no_jax_calls_in_storage_finalizers(monkeypatch):
-    """runtime/inflight.retire calls into JAX (is_ready) from a storage's weakref callback; run
-    by the garbage collector while a frame is being cleared, that segfaults CPython 3.11 here
-    (initialize_locals), reproducibly in this module (48 pass with it off). Reported to the lead;
-    off here so this module tests what it is about."""
-    from torchtpu.runtime import inflight
-
-    monkeypatch.setattr(inflight, "retire", lambda buf: None)
-
-
 @pytest.fixture(params=["strict", "defer_and_fuse"])
 def mode(request):
     with torchtpu.eager_mode(request.param):

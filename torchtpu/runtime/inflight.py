@@ -4,23 +4,28 @@
 `torch.cuda.synchronize()` waits for every kernel launched. PJRT has no
 "wait for the device" call (on XLA:CPU independent programs may even run
 concurrently), so the wait is on buffers: the live ones are in the storage
-table, and a buffer dropped while its program is still running (`a @ a` whose
-result nobody keeps) is parked here when its storage dies, and let go once
-ready. Holding it costs no memory: PJRT keeps an in-flight buffer allocated
-until its program finishes anyway. Buffers are only taken at the moment they
-are dropped, so nothing here changes the reference counts the executors read
-to decide donation.
+table, and a buffer dropped while its program may still be running (`a @ a`
+whose result nobody keeps) is parked here when its storage dies, and let go once
+ready. Buffers are only taken at the moment they are dropped, so nothing here
+changes the reference counts the executors read to decide donation.
+
+`retire` runs inside the storage's weakref callback, which the garbage collector
+may call in the middle of clearing a frame: calling into JAX there (even
+`is_ready()`) crashed CPython 3.11. So `retire` only appends to a deque (atomic,
+no lock a collecting thread could already hold), and readiness is checked later,
+from ordinary code: `tidy()` when a new storage is made, `pending()` and
+`wait_all()`.
 """
 from __future__ import annotations
 
 import collections
-import threading
 
 _parked: collections.deque = collections.deque()
-_lock = threading.Lock()
 # Past this many parked buffers the oldest is waited for: a bound on host memory,
 # like the bounded launch queue of a CUDA stream.
 MAX_PARKED = 4096
+# tidy() looks at no more than this many parked buffers per call (it runs per new storage)
+_TIDY_STEP = 8
 
 
 def _ready(buf) -> bool:
@@ -31,18 +36,28 @@ def _ready(buf) -> bool:
 
 
 def retire(buf) -> None:
-    """`buf` (a device buffer, or a placeholder that is not one) is being dropped."""
-    is_ready = getattr(buf, "is_ready", None)
-    if is_ready is None or _ready(buf):
-        return
-    with _lock:
+    """`buf` (a device buffer, or a placeholder that is not one) is being dropped.
+    Called from a weakref callback: no JAX calls, no locks."""
+    if hasattr(buf, "is_ready"):
         _parked.append(buf)
-        # let go of the ones that finished meanwhile (oldest first)
-        while _parked and _ready(_parked[0]):
-            _parked.popleft()
-        oldest = _parked.popleft() if len(_parked) > MAX_PARKED else None
-    if oldest is not None:
-        _wait(oldest)
+
+
+def tidy() -> None:
+    """Let go of parked buffers that have finished (oldest first, a few per call); past
+    MAX_PARKED, wait for the oldest. Called from ordinary code, never from a finalizer."""
+    for _ in range(_TIDY_STEP):
+        try:
+            buf = _parked.popleft()
+        except IndexError:
+            return
+        if not _ready(buf):
+            _parked.appendleft(buf)
+            break
+    while len(_parked) > MAX_PARKED:
+        try:
+            _wait(_parked.popleft())
+        except IndexError:
+            return
 
 
 def _wait(buf) -> None:
@@ -52,12 +67,25 @@ def _wait(buf) -> None:
         pass
 
 
+def _drain_ready() -> list:
+    """Drop the finished parked buffers; return the unfinished ones (they stay parked)."""
+    out = []
+    for _ in range(len(_parked)):
+        try:
+            buf = _parked.popleft()
+        except IndexError:
+            break
+        if not _ready(buf):
+            out.append(buf)
+            _parked.append(buf)
+    return out
+
+
 def pending() -> list:
     """Device buffers not yet computed: parked ones and live ones in the storage table."""
     from .storage import _table
 
-    with _lock:
-        out = [b for b in _parked if not _ready(b)]
+    out = _drain_ready()
     for entry in list(_table.values()):
         b = entry.buf
         if hasattr(b, "is_ready") and not _ready(b):
@@ -69,9 +97,7 @@ def wait_all() -> None:
     """Block until every program dispatched so far has finished."""
     for b in pending():
         _wait(b)
-    with _lock:
-        while _parked and _ready(_parked[0]):
-            _parked.popleft()
+    _drain_ready()
 
 
 def parked() -> int:

@@ -106,6 +106,8 @@ def _account(nbytes: int) -> None:
 
 def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     """Give the (new) storage of `t` a buffer of `numel` elements of `dtype`."""
+    if inflight._parked:  # let go of dropped buffers that have finished (never from a finalizer)
+        inflight.tidy()
     storage = t.untyped_storage()
     key = storage._cdata
     entry = Entry(numel, dtype, buf)
