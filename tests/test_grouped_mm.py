@@ -140,13 +140,17 @@ def test_errors_match_cpu(name, no_fallback):
     torch._dynamo.reset()
 
 
-def test_2d2d_different_contraction_sizes_raise(no_fallback):
-    """CPU multiplies 2D x 2D operands of different contraction sizes while every group's
-    slices fit both (and raises mm's error otherwise): tpu raises for every such call."""
+def test_2d2d_slice_lengths_checked_on_device(no_fallback):
+    """2D x 2D with different contraction sizes: CPU multiplies while every group's slices
+    have one length in both operands and raises mm's error otherwise (data-dependent)."""
     a, b = torch.randn(8, 12), torch.randn(16, 8)
-    torch._grouped_mm(a, b, _offs(4, 8, 12))
-    with pytest.raises(RuntimeError, match="need one contraction size"):
-        torch._grouped_mm(a.to("tpu"), b.to("tpu"), _offs(4, 8, 12).to("tpu")).cpu()
+    ok = _offs(4, 8, 12)
+    torch.testing.assert_close(torch._grouped_mm(a.to("tpu"), b.to("tpu"), ok.to("tpu")).cpu(),
+                               torch._grouped_mm(a, b, ok), atol=1e-5, rtol=1e-5)
+    bad = _offs(4, 8, 16)
+    msg = _cpu_error(a, b, bad, {})
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        torch._grouped_mm(a.to("tpu"), b.to("tpu"), bad.to("tpu")).cpu()
 
 
 def _moe(x, w1, w2, offs):

@@ -13,9 +13,6 @@ torch.compile use, accepts bfloat16 only (it mirrors the CUDA kernel). Here:
   devices);
 - the backward is PyTorch's own derivative formula, which calls _grouped_mm again.
 
-2D x 2D operands with different contraction sizes, which CPU multiplies when every slice
-fits both, raise here.
-
 `offs[g]` ends group g, which starts where group g-1 ended. CPU's loop writes each slice
 in turn with at::slice's clamping, so out-of-range or decreasing offsets are defined for
 the rows some slice covers (the last write wins) and rows none covers are left
@@ -27,6 +24,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import checks as _checks
 from .linalg import _PRETTY, _TORCH_NAMES, _acc
 from .registry import LOWERINGS, lower
 
@@ -165,12 +163,18 @@ def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
         return _unsort(out, order).T.astype(a.dtype)
     # (M, K) x (K, N) -> (G, M, N), groups of the contracting dim (weight gradients)
     ka, kb = a.shape[1], b.shape[0]
-    if ka != kb:
-        # CPU multiplies while every group's slices have one length in both operands and
-        # raises mm's error otherwise (data-dependent); tpu requires equal sizes
-        raise RuntimeError(
-            f"_grouped_mm on tpu: 2D x 2D operands need one contraction size, got {ka} and {kb}"
+    if ka != kb:  # each group's slice must have one length in both (mm_out raises otherwise)
+        sa, ea = _slices(offs, ka)
+        sb, eb = _slices(offs, kb)
+        la, lb = ea - sa, eb - sb
+        bad = la != lb
+        m, n = a.shape[0], b.shape[1]
+        _checks.report(
+            bad, _checks.first(bad, la), _checks.first(bad, lb),
+            message=lambda v0, v1: f"mat1 and mat2 shapes cannot be multiplied ({m}x{v0} and {v1}x{n})",
         )
+        k = min(ka, kb)  # without an error every slice lies below both sizes
+        a, b = a[:, :k], b[:k]
     order, sizes = _grouping(offs, a.shape[1])
     dn = lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
