@@ -132,3 +132,52 @@ def test_scaler_step_reads_no_host_value_per_parameter():
     # 12 parameters: GradScaler.step reads its one found_inf, as on CUDA; nothing else
     assert m["transfers_to_host"] <= 1, m
     assert m["cpu_fallbacks"] == 0
+
+
+# --- the acceptance: the small GPT, 20 steps of float16 autocast + GradScaler -------
+
+
+def _gpt_scaled(dev, mode="strict", compiled=False, steps=20, inject_at=7):
+    from torchtpu.bench.models import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=32, layers=1, heads=2, max_len=16).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scaler = torch.amp.GradScaler(dev, init_scale=2.0**12, growth_interval=100)
+    data = torch.randint(0, 64, (4, 4, 17), generator=torch.Generator().manual_seed(0))
+    probe = model.head.weight if hasattr(model, "head") else list(model.parameters())[-1]
+
+    def forward(x, y):
+        with torch.autocast(dev, dtype=torch.float16):
+            logits = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    fwd = torch.compile(forward, backend="tpu") if compiled else forward
+    trace = []
+    with torchtpu.eager_mode(mode):
+        for i in range(steps):
+            batch = data[i % 4].to(dev)
+            loss = fwd(batch[:, :-1], batch[:, 1:])
+            scaler.scale(loss).backward()
+            if i == inject_at:
+                next(model.parameters()).grad.view(-1)[0] = float("inf")
+            before = probe.detach().cpu().clone()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            trace.append((loss.item(), scaler.get_scale(), torch.equal(before, probe.detach().cpu())))
+    return trace
+
+
+@pytest.mark.slow  # about 20 s each; the MLP test above keeps the mechanism in the fast suite
+@pytest.mark.parametrize("mode,compiled", [("strict", False), ("defer_and_fuse", False), ("strict", True)])
+def test_gpt_fp16_autocast_grad_scaler_skips_the_inf_step_as_cpu(mode, compiled):
+    want = _gpt_scaled("cpu")
+    got = _gpt_scaled("tpu", mode, compiled)
+    skipped = [k for _, _, k in got]
+    assert skipped == [k for _, _, k in want]
+    assert skipped == [i == 7 for i in range(20)]  # exactly the step with the injected inf
+    assert [s for _, s, _ in got] == [s for _, s, _ in want]
+    assert got[7][1] == got[6][1] / 2  # and its scale backed off by half
+    torch.testing.assert_close(torch.tensor([l for l, _, _ in got]), torch.tensor([l for l, _, _ in want]),
+                               rtol=2e-2, atol=0)

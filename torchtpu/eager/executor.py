@@ -428,7 +428,8 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat, args=None, kwarg
     shapes) naming the op, its inputs and the user's line. Errors of our own kind pass.
     A lowering that fails in JAX (arguments no check caught) gets CPU's error if CPU
     rejects the same call."""
-    if args is not None and not isinstance(err, (RuntimeError, NotImplementedError, IndexError)):
+    if args is not None and not isinstance(err, (RuntimeError, NotImplementedError, IndexError)) \
+            and _own_schema(low):
         cpu = argcheck.cpu_error(low.overload, args, kwargs)
         if cpu is not None:
             err = cpu
@@ -438,6 +439,17 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat, args=None, kwarg
         err.add_note(f"torchtpu: while running {_describe(low, flat)}{at}")
         return err
     return RuntimeError(f"{_describe(low, flat)}: {type(err).__name__}: {err}{at}")
+
+
+def _own_schema(low: Lowering) -> bool:
+    """The lowering takes its overload's own arguments, so CPU's checks of that overload
+    apply to the call. A kernel that rearranges them for its lowering (GradScaler's
+    in-place ops pass their mutated tensors as one list) checks its arguments itself."""
+    own = low.extra.get("_own_schema")
+    if own is None:
+        own = low.extra["_own_schema"] = (
+            [a.name for a in low.args] == [a.name for a in low.overload._schema.arguments])
+    return own
 
 
 def _flush_for_precision():
@@ -463,7 +475,8 @@ def _execute(low: Lowering, args, kwargs):
            torch.get_default_dtype())
     compiled = _cache.get(key)
     if compiled is None:
-        argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
+        if _own_schema(low):
+            argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
         compiled = _Compiled()
         compiled.key = key
         compiled.program = _build(low, pos, kw, flat.leaves, store_specs, compiled)
