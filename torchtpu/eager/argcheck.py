@@ -29,6 +29,12 @@ _UNDECIDABLE = (
     "DataDependent", "DynamicOutputShape", "unbacked", "is not implemented for", "Could not run",
     "no attribute",
 )
+# Errors of binding a call to the overload's schema. The dispatcher bound the user's call
+# already, so these say the call was rearranged for a lowering (an out= lowering run
+# without its out, a fused kernel's own argument list), never that CPU rejects the user's
+# arguments: such a call is not checked here.
+_NOT_THIS_SCHEMA = ("is missing value for argument", "Expected a value of type",
+                    "argument(s) but received", "got an unexpected keyword argument")
 # Ops whose CPU kernel checks differently from every other device (CUDA and the composite
 # give one message, CPU's own kernel another): their lowering makes the other devices' checks.
 SKIP = {"narrow_copy.default",
@@ -83,6 +89,8 @@ def _run_cpu(op, cargs, ckwargs):
     if found is None:
         return None
     cls, msg = found
+    if any(s in msg for s in _NOT_THIS_SCHEMA):
+        return None
     try:
         return cls(msg)
     except Exception:  # noqa: BLE001  (an exception class with its own constructor)
@@ -174,7 +182,7 @@ def _undecidable(err: BaseException) -> bool:
         return True
     name = type(err).__name__
     msg = str(err)
-    return any(s in msg or s in name for s in _UNDECIDABLE)
+    return any(s in msg or s in name for s in _UNDECIDABLE) or any(s in msg for s in _NOT_THIS_SCHEMA)
 
 
 def _meta_of(t: torch.Tensor, bases: dict) -> torch.Tensor:

@@ -447,7 +447,8 @@ def _own_schema(low: Lowering) -> bool:
     in-place ops pass their mutated tensors as one list) checks its arguments itself."""
     own = low.extra.get("_own_schema")
     if own is None:
-        own = low.extra["_own_schema"] = (
+        # ATen ops only: a custom op's (jax_op's) CPU kernel is our own code, no oracle
+        own = low.extra["_own_schema"] = low.overload.namespace == "aten" and (
             [a.name for a in low.args] == [a.name for a in low.overload._schema.arguments])
     return own
 
