@@ -558,8 +558,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs):
     it = iter(outs)
     results = [None if o is None else tensors.empty(o[0], o[1], next(it)) for o in compiled.outs]
     if flags is not None:
-        _flagged(low, compiled, mode, [(storage.lookup(t), storage.lookup(t).buf) for t in results
-                                       if t is not None], flags)
+        written = [storage.lookup(t) for t in results if t is not None]
+        _flagged(low, compiled, mode, [(e, e.buf) for e in written], flags)
     return _finish(low, compiled, args, kwargs, results)
 
 
