@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .names import opinfo_name
 from .progress import Progress
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
@@ -69,8 +70,6 @@ def has_error_inputs(op) -> bool:
 
 
 def run_errors(op, timeout: int = 120) -> ErrorResult:
-    from .ops import opinfo_name
-
     res = ErrorResult(opinfo_name(op))
     t0 = time.perf_counter()
     torch.manual_seed(0)

@@ -114,9 +114,6 @@ KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
     "torchtpu.eager.argcheck",
     # compile/graph.py <-> compile/control_flow.py (control flow, landed after the issue)
     "torchtpu.compile.control_flow", "torchtpu.compile.graph",
-    # validate/ops.py <-> validate/error_inputs.py, both lazy (argument checks, 6475309): the
-    # sweep's --errors runs error_inputs, which names OpInfos with the sweep's opinfo_name
-    "torchtpu.validate.error_inputs", "torchtpu.validate.ops",
 })
 
 

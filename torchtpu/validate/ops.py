@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import torchtpu
 
+from .names import opinfo_name
 from .progress import Progress
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
@@ -74,10 +75,6 @@ class Result:
 
 def _worse(a: str, b: str) -> str:
     return a if _RANK[a] >= _RANK[b] else b
-
-
-def opinfo_name(op) -> str:
-    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
 def _to_tpu(x):
