@@ -112,7 +112,12 @@ def initial_seed() -> int:
     return rng.initial_seed()
 
 
-default_generators = (rng.default_generator,)  # one device per process
+def __getattr__(name: str):
+    # default_generators: a tuple of torch.Generator, as torch.cuda's; made on first use,
+    # after PrivateUse1 is named "tpu" (one device per process)
+    if name == "default_generators":
+        return (rng.default_generator(),)
+    raise AttributeError(f"module 'torch.tpu' has no attribute '{name}'")
 
 
 def get_rng_state(device=None) -> torch.Tensor:

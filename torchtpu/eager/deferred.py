@@ -139,8 +139,9 @@ def pending_count() -> int:
     return len(_graph.nodes)
 
 
-def record(compiled, entries, dyn, low, make_output):
-    """Record one op; returns its output entries' Pendings via `make_output`."""
+def record(compiled, entries, dyn, low, make_output, generator=None):
+    """Record one op; returns its output entries' Pendings via `make_output`. A random op
+    draws from `generator` (the default generator when None)."""
     with _lock:
         g = _graph
         refs = []
@@ -162,7 +163,7 @@ def record(compiled, entries, dyn, low, make_output):
                 refs.append((1, i))
         refs = tuple(refs)
         j = len(g.nodes)
-        rngdata = rng.next_key_data() if low.random else None
+        rngdata = rng.next_key_data(generator) if low.random else None
         if rngdata is not None:
             g.rngs.append(rngdata)
         g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata, _origin(), low.name, compiled))

@@ -465,6 +465,9 @@ def execute(low: Lowering, args, kwargs):
 
 def _execute(low: Lowering, args, kwargs):
     precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
+    gen = None
+    if low.random:  # a generator= is state, not part of the program: its seed/offset are inputs
+        args, kwargs, gen = rng.split_generator(args, kwargs)
     flat, pos, kw = _flatten(low, args, kwargs)
     if flat.offsets:
         flat.dyn += flat.offsets
@@ -493,15 +496,15 @@ def _execute(low: Lowering, args, kwargs):
             except Exception as err:
                 _drop(key)
                 raise _user_error(err, low, flat, args, kwargs) from err
-        outs = deferred.record(compiled, entries, flat.dyn, low, _make_output)
+        outs = deferred.record(compiled, entries, flat.dyn, low, _make_output, gen)
         return _finish(low, compiled, args, kwargs, outs)
-    return _run_strict(low, compiled, key, flat, args, kwargs)
+    return _run_strict(low, compiled, key, flat, args, kwargs, gen)
 
 
-def _run_strict(low, compiled, key, flat, args, kwargs):
+def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
     mode = modes._state["mode"]
     entries = flat.entries
-    rngdata = rng.next_key_data() if low.random else ()
+    rngdata = rng.next_key_data(gen) if low.random else ()
     bufs = tuple([_concrete(e) for e in entries])
     donate = ()
     if compiled.partial is None:

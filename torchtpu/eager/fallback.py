@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .. import metrics
-from ..runtime import storage, tensors
+from ..runtime import rng, storage, tensors
 
 _state = {"enabled": os.environ.get("TORCHTPU_FALLBACK", "1") not in ("0", "false", "False")}
 _warned: set = set()
@@ -128,6 +128,8 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
             return a.cpu()
         if isinstance(a, torch.device) and a.type == "tpu":
             return torch.device("cpu")
+        if isinstance(a, torch.Generator):  # a host generator drawn from the tpu one's state
+            return rng.host_generator(a)
         return a
 
     cargs, ckwargs = tree_map(to_cpu, (args, kwargs))

@@ -905,20 +905,20 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
 # --- rrelu_with_noise (random; writes `noise` in place when training) -----------------------
 
 
-def _rrelu_values(self, lower, upper, training):
+def _rrelu_values(self, lower, upper, training, generator=None):
     import torch
 
     if not training:
         slope = (float(lower) + float(upper)) / 2
         return torch.nn.functional.leaky_relu(self, slope), None
-    r = torch.empty_like(self).uniform_(float(lower), float(upper))
+    r = torch.empty_like(self).uniform_(float(lower), float(upper), generator=generator)
     noise = torch.where(self <= 0, r, torch.ones_like(r))
     return self * noise, noise
 
 
 @kernel("rrelu_with_noise")
 def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
-    out, nz = _rrelu_values(self, lower, upper, training)
+    out, nz = _rrelu_values(self, lower, upper, training, generator)
     if nz is not None:
         noise.copy_(nz)
     return out
@@ -926,7 +926,7 @@ def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, 
 
 @kernel("rrelu_with_noise_")
 def rrelu_with_noise_(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
-    out, nz = _rrelu_values(self, lower, upper, training)
+    out, nz = _rrelu_values(self, lower, upper, training, generator)
     if nz is not None:
         noise.copy_(nz)
     return self.copy_(out)
@@ -934,7 +934,7 @@ def rrelu_with_noise_(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
 
 @kernel("rrelu_with_noise_functional")
 def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
-    out, nz = _rrelu_values(self, lower, upper, training)
+    out, nz = _rrelu_values(self, lower, upper, training, generator)
     return out, (noise.clone() if nz is None else nz)
 
 

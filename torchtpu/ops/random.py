@@ -4,10 +4,10 @@ Every lowering here is `random=True`: it gets a JAX PRNG `key` derived (inside t
 compiled program) from torch.manual_seed's seed and a per-op counter, so runs are
 reproducible under torch.manual_seed but not bitwise equal to CPU PyTorch.
 
-Explicit generators: a `generator=` argument that is not None is rejected with the
-error CUDA gives for a CPU generator. torchtpu has no per-device Generator object,
-and a lowering runs only when it is traced, so a generator's state could not be
-consumed per call (its seed would be frozen into the cached executable).
+Explicit generators: `generator=` never reaches a lowering. The eager executor takes it
+out of the call (runtime/rng.split_generator: a CPU generator raises CUDA's error) and
+passes that generator's seed and offset as the runtime inputs the key is derived from, so
+one compiled program serves every generator and every state.
 
 The in-place-only ops (normal_, uniform_, bernoulli_, random_, exponential_,
 geometric_, log_normal_, cauchy_) are reached through their functional twins
@@ -31,12 +31,8 @@ _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
 
 def _check_generator(generator, name):
-    if generator is not None:
-        dev = getattr(getattr(generator, "device", None), "type", "cpu")
-        raise RuntimeError(
-            f"{name}: Expected a 'tpu' device type for generator but found '{dev}' "
-            "(torchtpu has no per-device Generator; seed with torch.manual_seed)"
-        )
+    if generator is not None:  # a caller that bypassed the executor: its state would be ignored
+        raise RuntimeError(f"{name}: a generator reaches tpu random ops only through eager execution")
 
 
 def _is_float(dt) -> bool:
