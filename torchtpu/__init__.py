@@ -225,6 +225,26 @@ def from_jax(a: "jax.Array") -> "torch.Tensor":
     return _from_jax(a)
 
 
+def mark_dynamic(t: "torch.Tensor", dim: int, lower: int = 0, upper: "int | None" = None) -> "torch.Tensor":
+    """Declare that dim `dim` of tpu tensor `t` varies in size within [lower, upper]
+    (upper None: unbounded). Ops over it, and over the results that inherit the dim, compile
+    once per bucket of sizes (powers of two, capped at `upper`) instead of once per size;
+    results and the sizes PyTorch sees are the true ones. `t` moves in place into a
+    bucket-sized buffer (views taken before no longer alias it). An op that cannot keep the
+    dim dynamic raises an error naming the op and the dim. Returns `t`."""
+    from .eager import dynamism as _dynamism
+
+    return _dynamism.mark_dynamic(t, dim, lower, upper)
+
+
+def get_dynamism(t: "torch.Tensor") -> "dict[int, tuple[int, int | None]]":
+    """{dim: (lower, upper)} for the dynamic dim of `t` (marked, or inherited from an op
+    over a marked tensor); {} for a static tensor."""
+    from .eager import dynamism as _dynamism
+
+    return _dynamism.get_dynamism(t)
+
+
 def lowered_ops() -> list[str]:
     """ATen overloads with a native tpu kernel (lowerings and their generated variants)."""
     return sorted(_kernels.SERVED)
@@ -246,6 +266,8 @@ __all__ = [
     "fallback_enabled",
     "platform",
     "lowered_ops",
+    "mark_dynamic",
+    "get_dynamism",
     "jax_op",
     "to_jax",
     "from_jax",

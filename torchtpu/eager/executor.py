@@ -457,7 +457,19 @@ def _flush_for_precision():
     deferred.flush("matmul precision changed")
 
 
+# eager/dynamism.py's execute, installed by torchtpu.mark_dynamic (it needs this module, so
+# it plugs itself in rather than be imported here); it serves every call while tensors of a
+# dim marked dynamic exist
+dynamic = None
+
+
 def execute(low: Lowering, args, kwargs):
+    if dynamic is not None:
+        return dynamic(low, args, kwargs, _serve, _execute)
+    return _serve(low, args, kwargs)
+
+
+def _serve(low: Lowering, args, kwargs):
     if low.name == "cat":  # a tensor growing token by token: see eager/growth.py
         return growth.cat(low, args, kwargs, _execute)
     return _execute(low, args, kwargs)

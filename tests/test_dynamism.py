@@ -1,0 +1,181 @@
+"""torchtpu.mark_dynamic: a dim of varying size compiles once per bucket, not once per size.
+
+Each op family runs over sizes in three buckets (16, 32, 64) against CPU; the second size of
+a bucket must compile nothing new, the results must equal CPU's and PyTorch must see the true
+sizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+
+SIZES = (3, 9, 17, 30, 40)  # buckets 16, 16, 32, 32, 64
+AGAIN = (9, 30)  # a bucket already compiled for
+
+
+def _compiles():
+    return torchtpu.metrics()["compiles"]
+
+
+def _cpu(v):
+    if isinstance(v, torch.Tensor):
+        return v.cpu()
+    return type(v)(_cpu(x) for x in v)
+
+
+def _check(fn, make, dyn, mode="strict", static_ok=False, **tol):
+    """fn over make(n)'s tensors on CPU and on tpu with the dims `dyn` ({input: dim}) marked."""
+    with torchtpu.eager_mode(mode):
+        for n in SIZES:
+            xs = make(n)
+            ts = [x.to("tpu") for x in xs]
+            for i, d in dyn.items():
+                torchtpu.mark_dynamic(ts[i], d, 1, 64)
+            before = _compiles()
+            got = _cpu(fn(*ts))
+            new = _compiles() - before
+            torch.testing.assert_close(got, fn(*xs), **tol)
+            if n in AGAIN and not static_ok:
+                assert new == 0, (n, new)
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_mark_dynamic_keeps_true_sizes():
+    x = torch.randn(2, 5, 3, generator=_g(0))
+    t = torchtpu.mark_dynamic(x.to("tpu"), -2, 2, 100)
+    assert t.shape == x.shape and torchtpu.get_dynamism(t) == {1: (2, 100)}
+    assert torch.equal(t.cpu(), x)
+    y = t * 2
+    assert y.shape == x.shape and torchtpu.get_dynamism(y) == {1: (2, 100)}
+    assert torchtpu.get_dynamism(y[:, 1:3]) == {} and torchtpu.get_dynamism(y.sum(1)) == {}
+    assert torchtpu.get_dynamism(y.transpose(0, 1)) == {0: (2, 100)}
+    c = y.contiguous()  # the way out: a contiguous copy of the true sizes
+    assert c.is_contiguous() and torchtpu.get_dynamism(c) == {} and torch.equal(c.cpu(), x * 2)
+    with pytest.raises(ValueError, match="bounds"):
+        torchtpu.mark_dynamic(torch.zeros(2, 5, device="tpu"), 1, 6, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_elementwise(mode):
+    def make(n):
+        return [torch.randn(2, n, 4, generator=_g(n)), torch.randn(2, n, 4, generator=_g(n + 1)),
+                torch.randn(4, generator=_g(1))]
+
+    def fn(x, y, b):
+        z = torch.where(x > 0, x * y + b, y.sigmoid() - 1)
+        z.mul_(2).add_(x)
+        return z, (x.to(torch.float64) ** 2).exp(), x.unsqueeze(0) + y.unsqueeze(0)
+
+    _check(fn, make, {0: 1, 1: 1}, mode)
+
+
+def test_elementwise_with_a_static_tensor_of_the_true_size():
+    # correct, though such a tensor's own size keys the program
+    _check(lambda x, y: x - y, lambda n: [torch.randn(3, n, generator=_g(n)), torch.randn(3, n, generator=_g(7))],
+           {0: 1}, static_ok=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_reductions(mode):
+    def make(n):
+        return [torch.randn(3, n, 2, generator=_g(n)) - 0.5]
+
+    def fn(x):
+        return (x.sum(1), x.mean(1), x.amax(1), x.min(1).values, x.min(1).indices, x.argmax(1),
+                x.logsumexp(1), x.var(1), x.std(1, correction=0), x.sum(), x.mean(), x.prod(1),
+                (x > 0).any(1), (x > -2).all(1), x.sum(-1, keepdim=True).amin(1), x.mean((0, 1)))
+
+    _check(fn, make, {0: 1}, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_softmax_and_attention(mode):
+    def make(n):
+        return [torch.randn(1, 2, n, 8, generator=_g(n)), torch.randn(1, 2, n, 8, generator=_g(n + 1)),
+                torch.randn(1, 2, n, 8, generator=_g(n + 2)), torch.randn(1, 2, 1, 8, generator=_g(3))]
+
+    def fn(q, k, v, q1):
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                F.scaled_dot_product_attention(q, k, v),
+                F.scaled_dot_product_attention(q1, k, v),  # one decode step over a cache of n
+                torch.softmax(q, 2), torch.log_softmax(k, 2), torch.softmax(v, -1))
+
+    _check(fn, make, {0: 2, 1: 2, 2: 2}, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_matmul(mode):
+    w = torch.randn(8, 5, generator=_g(1))
+    b = torch.randn(5, generator=_g(2))
+    w4 = torch.randn(2, 4, 3, generator=_g(3))
+
+    def make(n):
+        return [torch.randn(n, 8, generator=_g(n)), torch.randn(3, n, generator=_g(n + 1)),
+                torch.randn(2, n, 4, generator=_g(n + 2)), torch.randn(1, n, 8, generator=_g(n + 3))]
+
+    def fn(x, a, bx, x3):
+        wt, bt = w.to(x.device), b.to(x.device)
+        return (x @ wt, a @ x, torch.bmm(bx, w4.to(x.device)), torch.bmm(bx.transpose(1, 2), bx),
+                F.linear(x3, wt.t(), bt), torch.addmm(bt, x, wt))
+
+    _check(fn, make, {0: 0, 1: 1, 2: 1, 3: 1}, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_cat_along_and_across_the_dim(mode):
+    def make(n):
+        return [torch.randn(2, n, 3, generator=_g(n)), torch.randn(2, 1, 3, generator=_g(5))]
+
+    def fn(x, new):
+        grown = torch.cat([x, new], 1)
+        return grown, torch.cat([x, x * 2], 0), torch.cat([new, x, new], 1).sum(1)
+
+    _check(fn, make, {0: 1}, mode)
+
+
+def test_cat_grows_a_cache_within_buckets():
+    rows = torch.randn(40, 2, 1, 3, generator=_g(0))
+    ref = rows[0]
+    t = torchtpu.mark_dynamic(ref.to("tpu"), 1, 1, 64)
+    counts = []
+    for i in range(1, 40):
+        ref = torch.cat([ref, rows[i]], 1)
+        t = torch.cat([t, rows[i].to("tpu")], 1)
+        counts.append(_compiles())
+    assert torch.equal(t.cpu(), ref) and torchtpu.get_dynamism(t) == {1: (1, 64)}
+    assert counts[20] == counts[29]  # sizes 22..31 share the 32 bucket
+    with pytest.raises(RuntimeError, match=r"aten\.cat .*dim 1.*outside the bounds"):
+        torch.cat([t, torch.zeros(2, 30, 3, device="tpu")], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_indexing_along_the_dim(mode):
+    table = torch.randn(50, 4, generator=_g(1))
+    idx = torch.tensor([0, 2, 1])
+
+    def make(n):
+        return [torch.randn(3, n, generator=_g(n)), torch.randint(0, 50, (1, n), generator=_g(n + 1))]
+
+    def fn(x, ids):
+        i = idx.to(x.device)
+        return (x[:, 2], x[:, -1], x[:, 1:3], x.index_select(1, i), x.index_select(0, i),
+                F.embedding(ids, table.to(x.device)), table.to(x.device).index_select(0, ids[0]))
+
+    _check(fn, make, {0: 1, 1: 1}, mode)
+
+
+def test_an_op_without_a_rule_names_the_op_and_the_dim():
+    t = torchtpu.mark_dynamic(torch.randn(2, 7, device="tpu"), 1, 1, 64)
+    with pytest.raises(RuntimeError, match=r"aten\.flip cannot keep dim 1 of its argument 'self' dynamic"):
+        torch.flip(t, [1])
+    with pytest.raises(RuntimeError, match=r"aten\.cumsum cannot keep dim 1"):
+        t.cumsum(0)

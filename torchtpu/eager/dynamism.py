@@ -1,0 +1,255 @@
+"""Dimensions of varying size: `torchtpu.mark_dynamic(t, dim, lower, upper)`.
+
+Every size a dimension passes through is a new shape, and a new shape is a new XLA
+program. A marked dimension instead lives in a buffer padded to a bucket (powers of two
+from MIN_BUCKET, capped at `upper`) with its true size a runtime value, so an op over it
+compiles once per bucket, not once per size. PyTorch sees the true sizes: the tensor is a
+view of its first n positions (its strides are the bucket's, as a slice's would be).
+
+The op's rule (ops/dynamism.py) says which dims of its results stay dynamic, and masks
+what the padding would change (reductions, softmax, attention keys, matmul contraction,
+cat along the dim); results equal the unpadded computation. A result whose dim is dynamic
+is itself marked, so whole chains of ops stay in their bucket. An op with no rule for the
+dims it meets raises an error naming the op and the dim: silently compiling per size is
+exactly what marking the dim asked not to do. A contiguous copy (`.contiguous()`,
+`.reshape` merging the dim) and a copy into a static tensor run on the true sizes.
+
+Which tensor is dynamic is known per storage (a weak map of storage entries), and a view
+of it is dynamic in the dim with the marked stride and the true size.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..metrics import bump
+from ..ops import dynamism as rules
+from ..ops.registry import ArgInfo, Lowering
+from ..runtime import storage, tensors
+from ..runtime.storage import _table
+from . import executor
+
+MIN_BUCKET = 16
+
+
+class Dyn:
+    """A storage padded along one dim: that dim's stride, true size, bucket and bounds."""
+
+    __slots__ = ("stride", "n", "bucket", "lower", "upper", "strict")
+
+    def __init__(self, stride, n, bucket, lower, upper, strict=True):
+        self.stride, self.n, self.bucket = stride, n, bucket
+        self.lower, self.upper, self.strict = lower, upper, strict
+
+
+_marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage entry -> Dyn
+_lowerings: dict = {}  # (lowering name, mode, Ctx) -> the lowering over padded inputs
+
+
+def bucket(n: int, lower: int = 0, upper: int | None = None) -> int:
+    """The padded size serving true size n."""
+    b = max(MIN_BUCKET, 1 << max(n - 1, 0).bit_length())
+    return b if upper is None else max(n, min(b, upper))
+
+
+def _find(t: torch.Tensor):
+    """(dim, Dyn) when `t` is a dynamic tensor (or a view keeping the dynamic dim whole)."""
+    if t.device.type != "tpu":
+        return None
+    entry = _table.get(t.untyped_storage()._cdata)
+    info = _marked.get(entry) if entry is not None else None
+    if info is None:
+        return None
+    shape, stride = t.shape, t.stride()
+    for j in range(len(shape) - 1, -1, -1):
+        if shape[j] == info.n and stride[j] == info.stride:
+            last = t.storage_offset() + (info.bucket - 1) * stride[j] + sum(
+                (s - 1) * st for i, (s, st) in enumerate(zip(shape, stride)) if i != j)
+            if last < entry.numel:
+                return j, info
+    return None
+
+
+def mark_dynamic(t: torch.Tensor, dim: int, lower: int = 0, upper: int | None = None) -> torch.Tensor:
+    """Declare that dim `dim` of tpu tensor `t` varies in size within [lower, upper].
+
+    `t` moves (in place: same tensor, same sizes) into a buffer padded along `dim` to its
+    bucket; views taken of it before no longer alias it. Ops over it and over the results
+    that inherit the dim compile once per bucket. Returns `t`."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+        raise ValueError("torchtpu.mark_dynamic: expected a tpu tensor")
+    if t.dim() == 0:
+        raise ValueError("torchtpu.mark_dynamic: a 0-dim tensor has no dim to mark")
+    d = dim % t.dim() if -t.dim() <= dim < t.dim() else None
+    if d is None:
+        raise IndexError(f"torchtpu.mark_dynamic: dim {dim} out of range for a {t.dim()}-D tensor")
+    n = t.shape[d]
+    if lower < 0 or (upper is not None and (upper < lower or not lower <= n <= upper)) or n < lower:
+        raise ValueError(f"torchtpu.mark_dynamic: size {n} of dim {d} is not within the bounds "
+                         f"[{lower}, {upper}]")
+    found = _find(t)
+    if found is not None and found[0] == d and (upper is None or found[1].bucket <= upper):
+        found[1].lower, found[1].upper, found[1].strict = lower, upper, True
+        return t
+    b = bucket(n, lower, upper)
+    shape = list(t.shape)
+    shape[d] = b
+    host = t.detach().cpu()  # padded on the host: a program per true size is what marking avoids
+    padded = torch.zeros(shape, dtype=t.dtype)
+    padded.narrow(d, 0, n).copy_(host)
+    dev = padded.to("tpu")
+    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), dev.stride(), 0)
+    _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper)
+    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
+    return t
+
+
+def get_dynamism(t: torch.Tensor) -> dict:
+    """{dim: (lower, upper)} of `t`'s dynamic dims ({} for a static tensor)."""
+    found = _find(t) if isinstance(t, torch.Tensor) else None
+    if found is None:
+        return {}
+    return {found[0]: (found[1].lower, found[1].upper)}
+
+
+
+
+def _scan(args, kwargs):
+    found = {}
+    for p in rules.tensor_paths(args, kwargs):
+        f = _find(rules.get(args, kwargs, p))
+        if f is not None:
+            found[p] = f
+    return found
+
+
+def _arg_name(low: Lowering, path) -> str:
+    if isinstance(path[0], str):
+        return path[0]
+    name = low.args[path[0]].name if path[0] < len(low.args) else str(path[0])
+    return name + (f"[{path[1]}]" if len(path) > 1 else "")
+
+
+def _refuse(low: Lowering, path, d, info, why: str):
+    return rules.CannotHonour(
+        f"torchtpu: aten.{low.name} cannot keep dim {d} of its argument '{_arg_name(low, path)}' "
+        f"dynamic (size {info.n}, marked with torchtpu.mark_dynamic within [{info.lower}, "
+        f"{info.upper}]): {why}")
+
+
+def execute(low: Lowering, args, kwargs, serve, run):
+    """Serve one op call: over padded buffers when an argument is dynamic (`run` executes
+    a lowering), else as usual (`serve`)."""
+    if not _marked:  # the last dynamic tensor is gone: calls go straight to the executor again
+        executor.dynamic = None
+        return serve(low, args, kwargs)
+    found = _scan(args, kwargs)
+    if not found:
+        return serve(low, args, kwargs)
+    (p0, (d0, info)), = list(found.items())[:1]
+    strict = any(i.strict for _, i in found.values())
+    if any((i.n, i.bucket) != (info.n, info.bucket) for _, i in found.values()):
+        raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
+    functional = low.extra.get("functional") or low
+    rule = rules.rule_for(functional.name, low.fn) if low.mode != "out" else None
+    dims = {p: d for p, (d, _) in found.items()}
+    plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
+    if low.mode == "inplace" and plan not in (None, rules.EXACT) and plan.outs[0] is not None:
+        target = _target(low, args, kwargs)
+        if target not in dims and _adopt(rules.get(args, kwargs, target), plan.outs[0][0], info):
+            found[target] = (plan.outs[0][0], info)
+            dims[target] = plan.outs[0][0]
+            plan = rule.plan(args, kwargs, dims, info.n)
+    if plan is rules.EXACT or (low.mode == "inplace" and plan is not None
+                               and _target(low, args, kwargs) not in dims):
+        bump("dynamic_exact")  # a contiguous copy, a write into a static tensor
+        return serve(low, args, kwargs)
+    if plan is None:
+        if strict:
+            raise _refuse(low, p0, d0, info, "no rule computes it over a padded bucket "
+                                             "(it would compile one program per size)")
+        bump("dynamic_exact")
+        return serve(low, args, kwargs)
+    bouts = []
+    for spec in plan.outs:
+        if spec is None:
+            bouts.append(None)
+        elif spec[1] == info.n:
+            bouts.append(info.bucket)
+        else:
+            if spec[1] < info.lower or (info.upper is not None and spec[1] > info.upper):
+                raise _refuse(low, p0, d0, info, f"its result has size {spec[1]} there, outside the bounds")
+            bouts.append(bucket(spec[1], info.lower, info.upper))
+    ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra)
+    syn = _padded_lowering(low, rule, ctx)
+    pargs, pkwargs = list(args), dict(kwargs)
+    for p, (d, _) in found.items():
+        t = rules.get(args, kwargs, p)
+        shape = list(t.shape)
+        shape[d] = info.bucket
+        rules._put(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+    pkwargs["dyn_n"] = info.n
+    bump("dynamic_ops")
+    res = run(syn, pargs, pkwargs)
+    if low.mode == "inplace":
+        return None if res is None else rules.get(args, kwargs, _target(low, args, kwargs))
+    return _results(res, plan, bouts, info)
+
+
+def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
+    """Make a fresh tensor (never written, the whole of its storage: `.to(dtype)`'s empty
+    result that copy_ fills) dynamic along `d` before an op writes it, so what is copied
+    into it stays in its bucket."""
+    entry = _table.get(t.untyped_storage()._cdata)
+    if (entry is None or entry.buf is not None or t.storage_offset() != 0 or t.numel() != entry.numel
+            or d >= t.dim() or t.shape[d] != info.n or not t.is_contiguous()):
+        return False
+    shape = list(t.shape)
+    shape[d] = info.bucket
+    new = tensors.empty(shape, t.dtype)
+    tensors.set_geometry(t, new.untyped_storage(), tuple(t.shape), new.stride(), 0)
+    _marked[storage.lookup(new)] = Dyn(new.stride(d), info.n, info.bucket, info.lower, info.upper, info.strict)
+    return True
+
+
+def _target(low: Lowering, args, kwargs):
+    names = [a.name for a in low.args]
+    i = names.index(low.mutated[0])
+    return (low.mutated[0],) if low.mutated[0] in kwargs or i >= len(args) else (i,)
+
+
+def _results(res, plan, bouts, info):
+    many = isinstance(res, (tuple, list))
+    outs = list(res) if many else [res]
+    done = []
+    for i, r in enumerate(outs):
+        spec = plan.outs[min(i, len(plan.outs) - 1)]
+        if r is None or spec is None:
+            done.append(r)
+            continue
+        od, n = spec
+        shape = list(r.shape)
+        shape[od] = n
+        out = tensors.alias(r, shape, r.stride(), 0)
+        _marked[storage.lookup(r)] = Dyn(r.stride(od), n, bouts[min(i, len(bouts) - 1)], info.lower,
+                                         info.upper, info.strict)
+        done.append(out)
+    if not many:
+        return done[0]
+    return tuple(done) if isinstance(res, tuple) else done
+
+
+def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
+    key = (low.name, low.mode, ctx)
+    syn = _lowerings.get(key)
+    if syn is None:
+        def fn(*args, **kwargs):
+            return rules.apply(rule, low.fn, ctx, *args, **kwargs)
+
+        syn = _lowerings[key] = Lowering(
+            f"{low.name}[dynamic {len(_lowerings)}]", fn, low.overload,
+            low.args + [ArgInfo("dyn_n", "scalar", True, False)], low.promote, low.promote_args,
+            low.static, low.random, low.mode, low.mutated,
+            extra={k: v for k, v in low.extra.items() if k in ("functional",)})
+    return syn

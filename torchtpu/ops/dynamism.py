@@ -1,0 +1,442 @@
+"""How ops compute over a dimension of varying size (torchtpu.mark_dynamic).
+
+A dynamic tensor lives in a buffer padded along one dim to a bucket of B positions; its
+true size n (n <= B) is a runtime value of the program, so every n of a bucket shares one
+program (eager/dynamism.py keeps that state and runs the op). A rule here says, for one op
+family:
+
+- `plan`, on the arguments' true shapes before the call: which dim of each result is
+  dynamic and its true size (or None: the result's shape does not depend on n), and which
+  static inputs must be padded to B to line up with the dynamic ones;
+- `apply`, inside the program on the padded JAX arrays: the lowering, with masks where the
+  padding would leak into the first n positions (reductions over the dim, softmax along it,
+  attention keys, a matmul's contraction, a cat along it). Elementwise ops need none: the
+  padding computes garbage that no valid position reads.
+
+Paths name an argument: (i,) the i-th positional, (i, j) element j of a list argument,
+("name",) a keyword argument.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+EXACT = "exact"  # plan's answer for a call that must run on the true sizes (a contiguous copy)
+
+
+class CannotHonour(RuntimeError):
+    """The op cannot keep the marked dim dynamic (raised with the op and the dim named)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    outs: tuple  # per result: (dim, true size) or None; one entry serves every result
+    pads: tuple = ()  # ((path, dim), ...): static inputs padded to the bucket along dim
+    extra: tuple = ()  # rule-specific static facts for apply
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a program over padded inputs knows statically (part of its cache key)."""
+    dims: tuple  # ((path, dim), ...) of the dynamic inputs
+    pads: tuple
+    bucket: int
+    bouts: tuple  # each result's bucket (None: static)
+    extra: tuple = ()
+
+
+def get(args, kwargs, path):
+    v = kwargs[path[0]] if isinstance(path[0], str) else args[path[0]]
+    return v[path[1]] if len(path) > 1 else v
+
+
+def _put(args, kwargs, path, value):
+    if len(path) > 1:
+        seq = list(get(args, kwargs, path[:1]))
+        seq[path[1]] = value
+        _put(args, kwargs, path[:1], seq)
+    elif isinstance(path[0], str):
+        kwargs[path[0]] = value
+    else:
+        args[path[0]] = value
+
+
+def tensor_paths(args, kwargs):
+    """Every tensor argument's path (tensors on the torch side or arrays inside a trace)."""
+    out = []
+    items = [((i,), a) for i, a in enumerate(args)] + [((k,), v) for k, v in kwargs.items()]
+    for p, v in items:
+        if isinstance(v, (list, tuple)):
+            out += [p + (j,) for j, x in enumerate(v) if _is_tensor(x)]
+        elif _is_tensor(v):
+            out.append(p)
+    return out
+
+
+def _is_tensor(v) -> bool:
+    return isinstance(v, torch.Tensor) or hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, np.generic)
+
+
+def valid(shape, dim, n):
+    """True at the first n positions along `dim`."""
+    return lax.broadcasted_iota(jnp.int32, shape, dim) < n
+
+
+def pad_to(x, dim, size):
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, size - x.shape[dim])
+    return jnp.pad(x, widths)
+
+
+def _lowest(dt):
+    dt = jnp.dtype(dt)
+    if dt == jnp.bool_:
+        return False
+    return -jnp.inf if jnp.issubdtype(dt, jnp.inexact) else jnp.iinfo(dt).min
+
+
+def _highest(dt):
+    dt = jnp.dtype(dt)
+    if dt == jnp.bool_:
+        return True
+    return jnp.inf if jnp.issubdtype(dt, jnp.inexact) else jnp.iinfo(dt).max
+
+
+class Rule:
+    def plan(self, args, kwargs, dims, n):
+        raise NotImplementedError
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        return fn(*args, **kwargs)
+
+
+# --- elementwise: the dynamic dims line up in the broadcast result ---------------------------
+
+class Pointwise(Rule):
+    def plan(self, args, kwargs, dims, n):
+        paths = tensor_paths(args, kwargs)
+        nd = max(get(args, kwargs, p).dim() for p in paths)
+        od = {nd - get(args, kwargs, p).dim() + d for p, d in dims.items()}
+        if len(od) != 1:
+            return None
+        od = od.pop()
+        pads = []
+        for p in paths:
+            if p in dims:
+                continue
+            t = get(args, kwargs, p)
+            a = od - (nd - t.dim())
+            if a >= 0 and t.shape[a] == n and n != 1:
+                pads.append((p, a))
+        return Plan(((od, n),), tuple(pads))
+
+
+class Clone(Pointwise):
+    def plan(self, args, kwargs, dims, n):
+        fmt = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
+        (p, d), = dims.items()
+        t = get(args, kwargs, p)
+        if fmt == torch.contiguous_format and any(s != 1 for s in t.shape[:d]):
+            return EXACT  # a contiguous copy cannot be a prefix of a padded buffer
+        return super().plan(args, kwargs, dims, n)
+
+
+# --- reductions ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reduce(Rule):
+    kind: str  # sum, mean, prod, max, min, any, all, logsumexp, var, std
+    dim_at: object = None  # (position, name) of the dim argument; None: reduces every dim
+    keep_at: object = None  # (position, name) of keepdim
+    all_when_empty: bool = True  # dim=[] means every dim (amax, sum.dim_IntList)
+
+    def _arg(self, args, kwargs, at, default):
+        if at is None:
+            return default
+        i, name = at
+        if name in kwargs:
+            return kwargs[name]
+        return args[i] if i < len(args) else default
+
+    def reduced(self, args, kwargs, nd):
+        dim = self._arg(args, kwargs, self.dim_at, None)
+        if dim is None or (isinstance(dim, (list, tuple)) and not dim and self.all_when_empty):
+            return set(range(nd)), False if self.dim_at is None else bool(self._arg(args, kwargs, self.keep_at, False))
+        dims = dim if isinstance(dim, (list, tuple)) else [dim]
+        keep = bool(self._arg(args, kwargs, self.keep_at, False))
+        return {x % max(nd, 1) for x in dims}, keep
+
+    def plan(self, args, kwargs, dims, n):
+        (p, d), = dims.items()
+        if p != (0,):
+            return None
+        t = args[0]
+        red, keep = self.reduced(args, kwargs, t.dim())
+        if d in red:
+            if self.kind in ("argmax", "argmin") and len(red) > 1:
+                return None  # an index into the flattened padded tensor is not the true one
+            return Plan((None,), extra=(True,))
+        return Plan(((d if keep else d - sum(1 for r in red if r < d), n),), extra=(False,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        if not ctx.extra[0]:
+            return fn(*args, **kwargs)
+        (_, d), = ctx.dims
+        x = args[0]
+        mask = valid(x.shape, d, n)
+        kind = self.kind
+        if kind in ("var", "std"):
+            return _var(self, ctx, n, args, kwargs, mask)
+        fill = {"sum": 0, "mean": 0, "any": False, "prod": 1, "all": True, "max": _lowest(x.dtype),
+                "logsumexp": -jnp.inf, "min": _highest(x.dtype), "argmax": _lowest(x.dtype),
+                "argmin": _highest(x.dtype)}[kind]
+        args = [jnp.where(mask, x, jnp.asarray(fill, x.dtype))] + list(args[1:])
+        out = fn(*args, **kwargs)
+        if kind == "mean":  # the mean over B positions, scaled to one over the n valid ones
+            return out * (jnp.asarray(ctx.bucket, out.dtype) / n.astype(out.dtype))
+        return out
+
+
+def _var(rule, ctx, n, args, kwargs, mask):
+    x = args[0]
+    red, keep = rule.reduced(args, kwargs, x.ndim)
+    axes = tuple(sorted(red))
+    corr = kwargs.get("correction")
+    corr = 1 if corr is None else corr
+    acc = jnp.promote_types(x.dtype, jnp.float32) if not jnp.issubdtype(x.dtype, jnp.inexact) else x.dtype
+    xf = x.astype(acc)
+    others = int(np.prod([x.shape[a] for a in axes if a != ctx.dims[0][1]]))
+    count = n.astype(acc) * jnp.asarray(others, acc)
+    mean = jnp.sum(jnp.where(mask, xf, 0), axis=axes, keepdims=True) / count
+    dev = jnp.where(mask, xf - mean, 0)
+    if jnp.iscomplexobj(dev):
+        sq = (dev * jnp.conj(dev)).real
+    else:
+        sq = dev * dev
+    var = (jnp.sum(sq, axis=axes, keepdims=keep) / jnp.maximum(count - corr, 0)).astype(sq.dtype)
+    return jnp.sqrt(var) if rule.kind == "std" else var
+
+
+# --- softmax along (or across) the dim -------------------------------------------------------
+
+class Softmax(Rule):
+    def plan(self, args, kwargs, dims, n):
+        (p, d), = dims.items()
+        if p != (0,):
+            return None
+        return Plan(((d, n),), extra=(args[1] % args[0].dim() == d,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        if ctx.extra[0]:
+            x = args[0]
+            args = [jnp.where(valid(x.shape, ctx.dims[0][1], n), x, jnp.asarray(-jnp.inf, x.dtype))] + list(args[1:])
+        return fn(*args, **kwargs)
+
+
+# --- attention: queries along L (rows), keys/values along S (masked) --------------------------
+
+class Attention(Rule):
+    def plan(self, args, kwargs, dims, n):
+        q, k, v = args[0], args[1], args[2]
+        if any(d != 2 or p not in ((0,), (1,), (2,)) for p, d in dims.items()):
+            return None
+        qd, kd = (0,) in dims, (1,) in dims or (2,) in dims
+        pads = []
+        if kd:
+            for p, t in (((1,), k), ((2,), v)):
+                if p not in dims:
+                    if t.shape[2] != n:
+                        return None
+                    pads.append((p, 2))
+        mask = kwargs.get("attn_mask")
+        if mask is not None:
+            if kd and mask.shape[-1] == n and n != 1:
+                pads.append((("attn_mask",), mask.dim() - 1))
+            if qd and mask.dim() >= 2 and mask.shape[-2] == n and n != 1:
+                return None  # a mask padded along two dims: not one dynamic dim
+        outs = ((2, n),) if qd else (None,)
+        return Plan(outs, tuple(pads), extra=(kd,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        if ctx.extra[0]:
+            k = args[1]
+            keep = valid((k.shape[2],), 0, n)
+            mask = kwargs.get("attn_mask")
+            if mask is None:
+                mask = keep
+            elif mask.dtype == jnp.bool_:
+                mask = mask & keep
+            else:
+                mask = jnp.where(keep, mask, jnp.asarray(-jnp.inf, mask.dtype))
+            kwargs = dict(kwargs, attn_mask=mask)
+        return fn(*args, **kwargs)
+
+
+# --- matmul: a dim of the result, or the contraction (zero-filled) ----------------------------
+
+@dataclass(frozen=True)
+class Matmul(Rule):
+    operands: tuple  # ((path, letters), ...)
+    out: str
+    bias: object = None  # path of an added term broadcast to `out`
+
+    def plan(self, args, kwargs, dims, n):
+        letters = {}
+        for p, d in dims.items():
+            found = [ls for q, ls in self.operands if q == p]
+            if not found:
+                return None  # a dynamic bias: not served
+            letters[found[0][d]] = True
+        if len(letters) != 1:
+            return None
+        letter = next(iter(letters))
+        pads = []
+        for p, ls in self.operands:
+            if p not in dims and letter in ls:
+                a = ls.index(letter)
+                if get(args, kwargs, p).shape[a] != n:
+                    return None
+                if n != 1:
+                    pads.append((p, a))
+        if letter not in self.out:
+            return Plan((None,), tuple(pads), extra=(letter,))
+        od = self.out.index(letter)
+        if self.bias is not None:
+            b = get(args, kwargs, self.bias)
+            a = od - (len(self.out) - b.dim())
+            if a >= 0 and b.shape[a] == n and n != 1:
+                pads.append((self.bias, a))
+        return Plan(((od, n),), tuple(pads), extra=(letter,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        letter = ctx.extra[0]
+        if letter not in self.out:  # contraction: the padding must add nothing
+            for p, ls in self.operands:
+                x = get(args, kwargs, p)
+                a = ls.index(letter)
+                _put(args, kwargs, p, jnp.where(valid(x.shape, a, n), x, jnp.zeros((), x.dtype)))
+        return fn(*args, **kwargs)
+
+
+# --- cat: along the dim (runtime offsets) or across it -----------------------------------------
+
+class Cat(Rule):
+    def plan(self, args, kwargs, dims, n):
+        ts = args[0]
+        cd = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+        nd = ts[0].dim()
+        if any(t.dim() != nd for t in ts):
+            return None  # (legacy empty 1-D inputs)
+        cd %= nd
+        if len({d for d in dims.values()}) != 1:
+            return None
+        d = next(iter(dims.values()))
+        if d != cd:
+            pads = []
+            for j, t in enumerate(ts):
+                if (0, j) not in dims and t.dim() == nd:
+                    if t.shape[d] != n:
+                        return None
+                    if n != 1:
+                        pads.append(((0, j), d))
+            return Plan(((d, n),), tuple(pads), extra=(False, cd))
+        sizes = tuple(None if (0, j) in dims else t.shape[cd] for j, t in enumerate(ts))
+        total = sum(n if s is None else s for s in sizes)
+        return Plan(((cd, total),), extra=(True, cd, sizes))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        if not ctx.extra[0]:
+            return fn(*args, **kwargs)
+        _, cd, sizes = ctx.extra
+        ts = list(args[0])
+        dtype = fn([lax.slice_in_dim(t, 0, 0, axis=cd) for t in ts], cd).dtype  # cat's promotion
+        room = ctx.bouts[0] + sum(t.shape[cd] for t in ts)
+        shape = list(ts[0].shape)
+        shape[cd] = room
+        buf = jnp.zeros(shape, dtype)
+        at = jnp.zeros((), jnp.int64)
+        for t, s in zip(ts, sizes):
+            buf = lax.dynamic_update_slice_in_dim(buf, t.astype(dtype), at, cd)
+            at = at + (n if s is None else s)
+        return lax.slice_in_dim(buf, 0, ctx.bouts[0], axis=cd)
+
+
+# --- indexing: an index tensor of dynamic length, or a dynamic dim the index leaves alone -----
+
+class IndexSelect(Rule):
+    def plan(self, args, kwargs, dims, n):
+        dim = args[1] % max(args[0].dim(), 1)
+        if (2,) in dims:
+            if (0,) in dims:
+                return None
+            return Plan(((dim, n),))
+        d = dims[(0,)]
+        if d == dim:
+            return Plan((None,))  # indices into the valid positions: a static result
+        return Plan(((d, n),))
+
+
+class Embedding(Rule):
+    def plan(self, args, kwargs, dims, n):
+        if set(dims) != {(1,)}:
+            return None
+        return Plan(((dims[(1,)], n),))
+
+
+def _reductions() -> dict:
+    s, k = (1, "dim"), (2, "keepdim")
+    return {
+        "sum": Reduce("sum"), "sum.dim_IntList": Reduce("sum", s, k), "mean": Reduce("mean"),
+        "mean.dim": Reduce("mean", s, k), "prod": Reduce("prod"), "prod.dim_int": Reduce("prod", s, k),
+        "amax": Reduce("max", s, k), "amin": Reduce("min", s, k), "max": Reduce("max"), "min": Reduce("min"),
+        "max.dim": Reduce("max", s, k), "min.dim": Reduce("min", s, k),
+        "argmax": Reduce("argmax", s, k, False), "argmin": Reduce("argmin", s, k, False),
+        "logsumexp": Reduce("logsumexp", s, k), "any": Reduce("any"), "any.dim": Reduce("any", s, k),
+        "any.dims": Reduce("any", s, k), "all": Reduce("all"), "all.dim": Reduce("all", s, k),
+        "all.dims": Reduce("all", s, k), "var.correction": Reduce("var", s, (3, "keepdim")),
+        "std.correction": Reduce("std", s, (3, "keepdim")),
+    }
+
+
+_POINTWISE = Pointwise()
+RULES: dict[str, Rule] = {
+    **_reductions(),
+    "_softmax": Softmax(), "_log_softmax": Softmax(), "_safe_softmax": Softmax(),
+    "_scaled_dot_product_flash_attention_for_cpu": Attention(),
+    "mm": Matmul((((0,), "mk"), ((1,), "kn")), "mn"),
+    "bmm": Matmul((((0,), "bmk"), ((1,), "bkn")), "bmn"),
+    "addmm": Matmul((((1,), "mk"), ((2,), "kn")), "mn", bias=(0,)),
+    "baddbmm": Matmul((((1,), "bmk"), ((2,), "bkn")), "bmn", bias=(0,)),
+    "dot": Matmul((((0,), "k"), ((1,), "k")), ""),
+    "cat": Cat(),
+    "index_select": IndexSelect(),
+    "embedding": Embedding(),
+    "clone": Clone(),
+    "copy": _POINTWISE,
+    "where.self": _POINTWISE,
+    "masked_fill.Scalar": _POINTWISE,
+    "masked_fill.Tensor": _POINTWISE,
+    "fill.Scalar": _POINTWISE,
+    "zero": _POINTWISE,
+}
+# every lowering of the elementwise family (ops/pointwise.py) broadcasts its inputs
+_ELEMENTWISE_MODULES = ("torchtpu.ops.pointwise",)
+
+
+def rule_for(name: str, fn) -> Rule | None:
+    rule = RULES.get(name)
+    if rule is None and getattr(fn, "__module__", None) in _ELEMENTWISE_MODULES:
+        return _POINTWISE
+    return rule
+
+
+def apply(rule: Rule, fn, ctx: Ctx, *args, dyn_n, **kwargs):
+    """The lowering `fn` over padded inputs: static inputs padded, then the rule's masks."""
+    args = list(args)
+    for p, d in ctx.pads:
+        _put(args, kwargs, p, pad_to(get(args, kwargs, p), d, ctx.bucket))
+    return rule.apply(fn, ctx, dyn_n, args, kwargs)
