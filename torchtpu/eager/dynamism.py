@@ -151,7 +151,7 @@ def execute(low: Lowering, args, kwargs, serve, run):
     strict = any(i.strict for _, i in found.values())
     if any((i.n, i.bucket) != (info.n, info.bucket) for _, i in found.values()):
         raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
-    functional = low.extra.get("functional") or low
+    functional = low.functional or low
     rule = rules.rule_for(functional.name, low.fn) if low.mode != "out" else None
     dims = {p: d for p, (d, _) in found.items()}
     plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
@@ -250,6 +250,5 @@ def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
         syn = _lowerings[key] = Lowering(
             f"{low.name}[dynamic {len(_lowerings)}]", fn, low.overload,
             low.args + [ArgInfo("dyn_n", "scalar", True, False)], low.promote, low.promote_args,
-            low.static, low.random, low.mode, low.mutated,
-            extra={k: v for k, v in low.extra.items() if k in ("functional",)})
+            low.static, low.random, low.mode, low.mutated, functional=low.functional)
     return syn

@@ -429,7 +429,7 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat, args=None, kwarg
     A lowering that fails in JAX (arguments no check caught) gets CPU's error if CPU
     rejects the same call."""
     if args is not None and not isinstance(err, (RuntimeError, NotImplementedError, IndexError)) \
-            and _own_schema(low):
+            and low.own_schema:
         cpu = argcheck.cpu_error(low.overload, args, kwargs)
         if cpu is not None:
             err = cpu
@@ -439,18 +439,6 @@ def _user_error(err: BaseException, low: Lowering, flat: _Flat, args=None, kwarg
         err.add_note(f"torchtpu: while running {_describe(low, flat)}{at}")
         return err
     return RuntimeError(f"{_describe(low, flat)}: {type(err).__name__}: {err}{at}")
-
-
-def _own_schema(low: Lowering) -> bool:
-    """The lowering takes its overload's own arguments, so CPU's checks of that overload
-    apply to the call. A kernel that rearranges them for its lowering (GradScaler's
-    in-place ops pass their mutated tensors as one list) checks its arguments itself."""
-    own = low.extra.get("_own_schema")
-    if own is None:
-        # ATen ops only: a custom op's (jax_op's) CPU kernel is our own code, no oracle
-        own = low.extra["_own_schema"] = low.overload.namespace == "aten" and (
-            [a.name for a in low.args] == [a.name for a in low.overload._schema.arguments])
-    return own
 
 
 def _flush_for_precision():
@@ -491,7 +479,7 @@ def _execute(low: Lowering, args, kwargs):
            torch.get_default_dtype())
     compiled = _cache.get(key)
     if compiled is None:
-        if _own_schema(low):
+        if low.own_schema:
             argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
         compiled = _Compiled()
         compiled.key = key
@@ -627,11 +615,7 @@ def count_run(compiled: _Compiled) -> None:
 
 def _finish(low, compiled, args, kwargs, results):
     if low.mode == "inplace":
-        i = low.extra.get("_returned_index")
-        if i is None:  # which argument an in-place op returns (-1: none), found once
-            i = low.extra["_returned_index"] = (
-                [a.name for a in low.args].index(low.mutated[0]) if low.overload._schema.returns else -1
-            )
+        i = low.returned_index
         if i < 0:
             return None
         return args[i] if i < len(args) else kwargs[low.mutated[0]]

@@ -41,7 +41,9 @@ def _impl(name: str, fn) -> None:
 
 
 def _functional_kernel(low: Lowering):
-    check = low.extra.get("check")
+    if low.output_mask is not None:
+        return _masked_kernel(low)
+    check = low.check
     if check is not None:  # what CPU rejects from the tensors' geometry (strides), unseen by JAX
         def checked(*args, **kwargs):
             check(*args, **kwargs)
@@ -55,8 +57,22 @@ def _functional_kernel(low: Lowering):
     return kernel
 
 
+def _masked_kernel(low: Lowering):
+    """None for each output the lowering's mask argument masks off: the lowering returns a
+    zero-size placeholder there, PyTorch an undefined tensor (convolution_backward, ...)."""
+    name = low.output_mask
+    idx = low.arg_index[name]
+
+    def kernel(*args, **kwargs):
+        res = execute(low, args, kwargs)
+        mask = args[idx] if idx < len(args) else kwargs[name]
+        return tuple(r if m else None for r, m in zip(res, mask))
+
+    return kernel
+
+
 def _out_kernel(low: Lowering):
-    functional = low.extra["functional"]
+    functional = low.functional
     outs_names = low.mutated
 
     op = low.overload
@@ -93,7 +109,7 @@ def _serve(low: Lowering) -> None:
         return
     _impl(name, _out_kernel(low) if low.mode == "out" else _functional_kernel(low))
     SERVED[name] = low
-    if low.mode != "functional" or not low.extra.get("variants", True):
+    if low.mode != "functional" or not low.variants:
         return
     for var in variants_of(low):
         if var.name in LOWERINGS or var.name in SERVED:

@@ -192,7 +192,7 @@ def _eager_check(*args, **kwargs):
 
 
 # The eager kernel runs it on the tpu tensors before the lowering (strict or deferred).
-LOWERINGS["_grouped_mm"].extra["check"] = _eager_check
+LOWERINGS["_grouped_mm"].check = _eager_check
 
 
 def _fake(fake_mode, func, *args, **kwargs):
