@@ -403,13 +403,13 @@ def _index(node, x, indices):
         else:
             out.append(a)
             pos += 1
-    return indexing._index_low.fn(x, out)
+    return indexing.INDEX.fn(x, out)
 
 
 def _index_put(node, x, indices, values, accumulate=False):
     from ..ops import indexing
 
-    return indexing._index_put_fn(x, list(indices), jnp.asarray(values), accumulate)
+    return indexing.INDEX_PUT.fn(x, list(indices), jnp.asarray(values), accumulate)
 
 
 def _sym_size(node, x, dim):

@@ -38,8 +38,8 @@ _NOT_THIS_SCHEMA = ("is missing value for argument", "Expected a value of type",
 # Ops whose CPU kernel checks differently from every other device (CUDA and the composite
 # give one message, CPU's own kernel another): their lowering makes the other devices' checks.
 SKIP = {"narrow_copy.default",
-        # checked by their kernels (ops/indexing.py), which warn for uint8 masks as CPU does once per
-        # call; the meta kernel's own warning would reach the user on top of it
+        # checked by their kernels (eager/composites/indexing.py), which warn for uint8 masks as CPU
+        # does once per call; the meta kernel's own warning would reach the user on top of it
         "index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default"}
 _passed: set = set()
 _MAX_PASSED = 100_000

@@ -16,7 +16,7 @@ from .. import metrics
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
-from . import argcheck, fallback
+from . import argcheck, composites, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
 
 _lib = torch.library.Library("aten", "IMPL")

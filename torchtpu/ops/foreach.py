@@ -14,7 +14,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from ..runtime.jaxenv import to_jax_dtype
 from .promotion import promote
@@ -23,8 +22,10 @@ from .registry import (
     COMPLEX_TO_FLOAT,
     DEFAULT,
     INT_TO_FLOAT,
-    kernel,
+    ArgInfo,
+    Lowering,
     lower,
+    overload,
 )
 
 
@@ -220,7 +221,7 @@ def _register_addc(base, fn):
 
     @lower(f"{name}.Tensor")
     def f_tensor(self, tensor1, tensor2, scalars):
-        # `scalars` is a 1-D tensor of len(self) values (a CPU tensor is moved by the kernel below)
+        # `scalars` is a 1-D tensor of len(self) values (a CPU one is moved by eager/composites/foreach.py)
         _check_lists(name, self, tensor1, tensor2)
         if scalars.ndim != 1 or scalars.shape[0] != len(self):
             raise RuntimeError(
@@ -486,44 +487,16 @@ def foreach_mm(self, mat2):
     return out
 
 
-# --- _foreach_addc{mul,div}.Tensor with a CPU `scalars` tensor -----------------
-# PyTorch requires that 1-D tensor on the CPU; the executor only carries 0-d CPU
-# tensors, so these kernels move it to the device first and run the lowering.
-
-
-def _tensor_scalars_kernel(name):
-    found = []
-
-    def run(self, tensor1, tensor2, scalars):
-        from ..eager.executor import execute
-        from .registry import LOWERINGS, variants_of
-
-        if not found:
-            base = LOWERINGS[name.replace("_.", ".", 1)]
-            found.append(base if base.name == name else next(v for v in variants_of(base) if v.name == name))
-        if scalars.device.type != "tpu":
-            scalars = scalars.to("tpu")
-        return execute(found[0], (self, tensor1, tensor2, scalars), {})
-
-    return run
-
-
-for _op in ("addcmul", "addcdiv"):
-    kernel(f"_foreach_{_op}.Tensor")(_tensor_scalars_kernel(f"_foreach_{_op}.Tensor"))
-    kernel(f"_foreach_{_op}_.Tensor")(_tensor_scalars_kernel(f"_foreach_{_op}_.Tensor"))
-
-
 # --- fused optimizers (optimizer(..., fused=True)) ----------------------------------
 # _fused_adam_ / _fused_adamw_ / _fused_sgd_ mutate several lists (params, grads,
-# states). The executor writes back one mutated argument, so these kernels pass every
-# mutated list as ONE list and split it again inside the lowering: the whole update is
-# one executable. Hyperparameters that schedulers change (lr, betas, eps, momentum,
-# dampening) are runtime scalars, so changing them never recompiles.
+# states). The executor writes back one mutated argument, so their kernels
+# (eager/composites/foreach.py) pass every mutated list as ONE list and the lowering
+# splits it again: the whole update is one executable. Hyperparameters that schedulers
+# change (lr, betas, eps, momentum, dampening) are runtime scalars, so changing them
+# never recompiles.
 
 
 def _fused_lowering(name, fn, tensor_args, scalar_args, static_args):
-    from .registry import ArgInfo, Lowering, overload
-
     args = [ArgInfo("self", "tensor_list", False, True)]
     args += [ArgInfo(n, "tensor_list" if n.endswith("s") else "tensor", False, False) for n in tensor_args]
     args += [ArgInfo(n, "scalar", True, False) for n in scalar_args]
@@ -589,37 +562,15 @@ def _adam_math(self, state_steps, grad_scale, found_inf, lr_t, lr, beta1, beta2,
     return _skip_if_inf(found_inf, new, list(self))
 
 
-def _adam_kernel(name, adamw):
-    low = _fused_lowering(
+def _adam_lowering(name):
+    return _fused_lowering(
         name, _adam_math, ("state_steps", "grad_scale", "found_inf", "lr_t"),
         ("lr", "beta1", "beta2", "eps"), ("n", "amsgrad", "maximize", "weight_decay", "adamw"),
     )
 
-    def run(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-            weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-        from ..eager.executor import execute
 
-        n = len(self)
-        if not n:
-            return None
-        lists = [grads, exp_avgs, exp_avg_sqs, state_steps] + ([max_exp_avg_sqs] if amsgrad else [])
-        if any(len(x) != n for x in lists):
-            raise RuntimeError(f"{name}: all tensor lists must have the same length")
-        lr_t = lr if isinstance(lr, torch.Tensor) else None
-        combined = list(self) + list(grads) + list(exp_avgs) + list(exp_avg_sqs)
-        combined += list(max_exp_avg_sqs) if amsgrad else []
-        execute(low, (combined, list(state_steps), grad_scale, found_inf, lr_t), dict(
-            lr=0.0 if lr_t is not None else float(lr), beta1=float(beta1), beta2=float(beta2),
-            eps=float(eps), n=n, amsgrad=bool(amsgrad), maximize=bool(maximize),
-            weight_decay=float(weight_decay), adamw=adamw,
-        ))
-        return None
-
-    return run
-
-
-for _name, _adamw in (("_fused_adam_", False), ("_fused_adamw_", True)):
-    kernel(_name, f"{_name}.tensor_lr")(_adam_kernel(_name, _adamw))
+FUSED_ADAM = _adam_lowering("_fused_adam_")
+FUSED_ADAMW = _adam_lowering("_fused_adamw_")
 
 
 def _sgd_math(self, grad_scale, found_inf, lr_t, lr, momentum, dampening, *,
@@ -650,29 +601,7 @@ def _sgd_math(self, grad_scale, found_inf, lr_t, lr, momentum, dampening, *,
     return _skip_if_inf(found_inf, new_p + grads + new_b, list(self))
 
 
-_SGD_LOW = _fused_lowering(
+FUSED_SGD = _fused_lowering(
     "_fused_sgd_", _sgd_math, ("grad_scale", "found_inf", "lr_t"), ("lr", "momentum", "dampening"),
     ("n", "weight_decay", "has_momentum", "nesterov", "maximize", "is_first_step"),
 )
-
-
-@kernel("_fused_sgd_", "_fused_sgd_.tensor_lr")
-def fused_sgd_(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
-               maximize, is_first_step, grad_scale=None, found_inf=None):
-    from ..eager.executor import execute
-
-    n = len(self)
-    if not n:
-        return None
-    has_momentum = momentum != 0
-    if len(grads) != n or (has_momentum and len(momentum_buffer_list) != n):
-        raise RuntimeError("_fused_sgd_: all tensor lists must have the same length")
-    lr_t = lr if isinstance(lr, torch.Tensor) else None
-    combined = list(self) + list(grads) + (list(momentum_buffer_list) if has_momentum else [])
-    execute(_SGD_LOW, (combined, grad_scale, found_inf, lr_t), dict(
-        lr=0.0 if lr_t is not None else float(lr), momentum=float(momentum),
-        dampening=float(dampening), n=n, weight_decay=float(weight_decay),
-        has_momentum=bool(has_momentum), nesterov=bool(nesterov), maximize=bool(maximize),
-        is_first_step=bool(is_first_step),
-    ))
-    return None

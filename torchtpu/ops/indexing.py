@@ -10,14 +10,14 @@ TORCHTPU_CHECKS=0). Negative indices follow PyTorch where PyTorch accepts them
 (index, index_put, take, put wrap them like Python indices); where PyTorch
 rejects them (gather, scatter, index_select, ...) they fail the check.
 
-Data-dependent output shapes (nonzero, masked_select, unique, indexing with a
-boolean mask) are hand-written kernels: they compute on the device and read
-back only the size they need.
+Data-dependent output shapes (nonzero, masked_select, unique) are hand-written
+kernels: they compute on the device and read back only the size they need.
+Indexing with a boolean mask (index, index_put) is served by kernels in
+eager/composites/indexing.py that run the private lowerings INDEX / INDEX_PUT.
 """
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -25,23 +25,7 @@ import torch
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
-from .registry import LOWERINGS, kernel, lower
-
-
-def _private(name, **kw):
-    """Build a Lowering for `name` without serving it directly: a kernel calls it."""
-
-    def deco(fn):
-        lower(name, **kw)(fn)
-        return LOWERINGS.pop(name)
-
-    return deco
-
-
-def _execute(low, args, kwargs=None):
-    from ..eager.executor import execute
-
-    return execute(low, args, kwargs or {})
+from .registry import kernel, lower, private
 
 
 def _wrap(d, n):
@@ -107,70 +91,11 @@ def _check_advanced(self, indices):
         k += 1
 
 
-@_private("index.Tensor")
-def _index_low(self, indices):
+@private("index.Tensor")
+def INDEX(self, indices):
+    """x[indices], every boolean mask already turned into positions (the kernel reads them)."""
     _check_advanced(self, indices)
     return self.at[_index_tuple(self, indices)].get(mode="clip")
-
-
-def _expand_masks(self, indices):
-    """Replace boolean masks by the long indices of their nonzero entries (syncs)."""
-    out = []
-    pos = 0
-    for a in indices:
-        if a is not None and a.dtype in (torch.bool, torch.uint8):
-            for j in range(a.dim()):
-                if pos + j >= self.dim() or a.shape[j] != self.shape[pos + j]:
-                    raise IndexError(
-                        f"The shape of the mask {list(a.shape)} at index {j} does not match the "
-                        f"shape of the indexed tensor {list(self.shape)} at index {pos + j}"
-                    )
-            nz = torch.nonzero(a)
-            out.extend(nz[:, j] for j in range(a.dim()))
-            pos += a.dim()
-        else:
-            out.append(a)
-            pos += 1
-    return out
-
-
-def _to_self(self, indices):
-    """CPU index tensors are accepted for device tensors (as on CUDA): move them over."""
-    return [a.to(self.device) if a is not None and a.device != self.device else a for a in indices]
-
-
-def _check_indices(self, indices):
-    n = sum(a.dim() if a is not None and a.dtype in (torch.bool, torch.uint8) else 1 for a in indices)
-    if n > self.dim():
-        raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {n})")
-    for a in indices:
-        if a is not None and not (a.dtype in (torch.bool, torch.uint8, torch.int64, torch.int32)):
-            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-        if a is not None and a.dtype == torch.uint8:  # as CPU's expandTensors warns, per mask
-            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
-                          "torch.bool instead.", UserWarning, stacklevel=3)
-
-
-@kernel("index.Tensor")
-def index(self, indices):
-    indices = _to_self(self, list(indices))
-    _check_indices(self, indices)
-    if any(a is not None and a.dtype in (torch.bool, torch.uint8) for a in indices):
-        if self.dim() == 0 and len(indices) == 1 and indices[0].dim() == 0:
-            # x[True] / x[False] on a 0-d tensor
-            keep = bool(indices[0].item())
-            return self.reshape(1)[: int(keep)].clone()
-        indices = _expand_masks(self, indices)
-    return _execute(_index_low, (self, indices))
-
-
-@kernel("index.Tensor_out")
-def index_out(self, indices, *, out):
-    r = index(self, indices)
-    if out.shape != r.shape:
-        out.resize_(r.shape)
-    out.copy_(r)
-    return out
 
 
 def _single_mask(self, indices):
@@ -219,43 +144,7 @@ def _index_put_fn(self, indices, values, accumulate=False, unsafe=False):
     return self.at[idx].set(values, mode="drop")
 
 
-_index_put_low = _private("_index_put_impl_")(_index_put_fn)
-
-
-@kernel("_index_put_impl_")
-def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
-    indices = _to_self(self, list(indices))
-    _check_indices(self, indices)
-    masks = [a for a in indices if a is not None and a.dtype in (torch.bool, torch.uint8)]
-    if masks:
-        pos = [i for i, a in enumerate(indices) if a is not None]
-        simple = len(masks) == 1 and len(pos) == 1 and masks[0].dim() > 0
-        if not simple:
-            indices = _expand_masks(self, indices)
-        else:
-            m = masks[0]
-            p = pos[0]
-            for j in range(m.dim()):
-                if p + j >= self.dim() or m.shape[j] != self.shape[p + j]:
-                    raise IndexError(
-                        f"The shape of the mask {list(m.shape)} at index {j} does not match the "
-                        f"shape of the indexed tensor {list(self.shape)} at index {p + j}"
-                    )
-    if values.device.type == "cpu" and values.dim() == 0:
-        values = values.to(self.device)
-    _execute(_index_put_low, (self, indices, values, accumulate, unsafe))
-    return self
-
-
-@kernel("index_put_")
-def index_put_(self, indices, values, accumulate=False):
-    return _index_put_impl_(self, indices, values, accumulate)
-
-
-@kernel("index_put")
-def index_put(self, indices, values, accumulate=False):
-    out = self.clone()
-    return _index_put_impl_(out, indices, values, accumulate)
+INDEX_PUT = private("_index_put_impl_")(_index_put_fn)
 
 
 # --- index_select / gather / scatter ---------------------------------------

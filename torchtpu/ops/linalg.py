@@ -8,7 +8,7 @@ import torch
 from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
-from .registry import Lowering, kernel, lower, overload, schema_args
+from .registry import kernel, lower, private
 
 HIGHEST = None  # float32 matmul precision: torch's setting, through runtime/precision.py
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -585,33 +585,10 @@ def _real_dtype(A):
 
 
 # PyTorch factors A^T instead of A for contiguous real inputs of det/slogdet (and its
-# backward relies on it), so the LU these return depends on the input's strides:
-# a small kernel picks the operand, a private lowering does the math.
-def _private(name, fn):
-    op = overload(name)
-    return Lowering(name, fn, op, schema_args(op))
-
-
-_DET = _private("_linalg_det", _linalg_det_fn)
-_SLOGDET = _private("_linalg_slogdet", _linalg_slogdet_fn)
-
-
-def _transposed_if_contiguous(A):
-    return A.mT if (A.dim() >= 2 and A.is_contiguous() and not A.is_complex()) else A
-
-
-@kernel("_linalg_det")
-def _linalg_det(A):
-    from ..eager.executor import execute
-
-    return execute(_DET, (_transposed_if_contiguous(A),), {})
-
-
-@kernel("_linalg_slogdet")
-def _linalg_slogdet(A):
-    from ..eager.executor import execute
-
-    return execute(_SLOGDET, (_transposed_if_contiguous(A),), {})
+# backward relies on it), so the LU these return depends on the input's strides: a kernel
+# (eager/composites/linalg.py) picks the operand, these private lowerings do the math.
+DET = private("_linalg_det")(_linalg_det_fn)
+SLOGDET = private("_linalg_slogdet")(_linalg_slogdet_fn)
 
 
 @kernel("_linalg_check_errors")
@@ -974,36 +951,9 @@ def _linalg_eigvals_fn(self):
     return w.astype(cdt)
 
 
-_EIG = _private("linalg_eig", _linalg_eig_fn)
-_EIGVALS = _private("_linalg_eigvals", _linalg_eigvals_fn)
-
-
-def _on_xla_cpu() -> bool:
-    from ..runtime.jaxenv import platform
-
-    return platform() == "cpu"
-
-
-@kernel("linalg_eig")
-def linalg_eig(self):
-    from ..eager.executor import execute
-
-    if _on_xla_cpu():
-        return execute(_EIG, (self,), {})
-    from ..eager import fallback
-
-    return fallback.run_on_cpu(torch.ops.aten.linalg_eig.default, (self,), {})
-
-
-@kernel("_linalg_eigvals")
-def _linalg_eigvals(self):
-    from ..eager.executor import execute
-
-    if _on_xla_cpu():
-        return execute(_EIGVALS, (self,), {})
-    from ..eager import fallback
-
-    return fallback.run_on_cpu(torch.ops.aten._linalg_eigvals.default, (self,), {})
+# served by a kernel (eager/composites/linalg.py): natively on XLA:CPU, else CPU's LAPACK
+EIG = private("linalg_eig")(_linalg_eig_fn)
+EIGVALS = private("_linalg_eigvals")(_linalg_eigvals_fn)
 
 
 # --- least squares ---------------------------------------------------------------------------
@@ -1060,36 +1010,9 @@ def _lstsq_fn(self, b, rcond=None, *, driver=None):
     return X, res, rank, s
 
 
-_LSTSQ = _private("linalg_lstsq", _lstsq_fn)
-
-
-@kernel("linalg_lstsq")
-def linalg_lstsq(self, b, rcond=None, *, driver=None):
-    """LAPACK's gelsy/gelsd/gelss/gels semantics (CPU's default: gelsy). The residuals of gelsd/gelss
-    exist only when every matrix has full rank: a host-side check, as on CPU."""
-    from ..eager.executor import execute
-
-    api = "torch.linalg.lstsq"
-    if self.dim() < 2:
-        raise RuntimeError(f"{api}: input must have at least 2 dimensions.")
-    if b.dim() < 1:
-        raise RuntimeError(f"{api}: other must have at least 1 dimension.")
-    if not (self.is_floating_point() or self.is_complex()) or self.dtype in (torch.float16, torch.bfloat16):
-        raise RuntimeError(f"{api}: Expected a floating point or complex tensor as input. Got {self.dtype}")
-    if self.dtype != b.dtype:
-        raise RuntimeError(f"{api}: Expected input and other to have the same dtype, but got "
-                           f"input's dtype {self.dtype} and other's dtype {b.dtype}")
-    vector = b.dim() == self.dim() - 1
-    if self.shape[-2] != b.shape[-1 if vector else -2]:
-        raise RuntimeError(f"{api}: input.size(-2) should match other.size({-1 if vector else -2})")
-    driver = driver or "gelsy"
-    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
-        raise RuntimeError(f"{api}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
-    X, res, rank, s = execute(_LSTSQ, (self, b), {"rcond": rcond, "driver": driver})
-    m, n = self.shape[-2:]
-    if m > n and driver in ("gelsd", "gelss") and not bool((rank.cpu() == n).all()):
-        res = torch.empty((0,), dtype=res.dtype, device=res.device)
-    return X, res, rank, s
+# served by a kernel (eager/composites/linalg.py): CPU's argument checks, and the residuals
+# of gelsd/gelss dropped unless every matrix has full rank (a host read)
+LSTSQ = private("linalg_lstsq")(_lstsq_fn)
 
 
 # --- LDL^T with Bunch-Kaufman pivoting (LAPACK sytf2/sytrs, lower storage) ---------------------
@@ -1256,50 +1179,6 @@ def _ldl_solve_fn(LD, pivots, B, *, hermitian=False):
     return X.reshape(out_shape).astype(B.dtype)
 
 
-_LDL_FACTOR = _private("linalg_ldl_factor_ex", _ldl_factor_fn)
-_LDL_SOLVE = _private("linalg_ldl_solve", _ldl_solve_fn)
-
-
-def _real_float(t) -> bool:
-    return t.dtype in (torch.float32, torch.float64)
-
-
-@kernel("linalg_ldl_factor_ex")
-def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
-    from ..eager import fallback
-    from ..eager.executor import execute
-
-    api = "torch.linalg.ldl_factor_ex"
-    if self.dim() < 2:
-        raise RuntimeError(f"{api}: The input tensor A must have at least 2 dimensions.")
-    if self.shape[-1] != self.shape[-2]:
-        raise RuntimeError(f"{api}: A must be batches of square matrices, but they are "
-                           f"{self.shape[-2]} by {self.shape[-1]} matrices")
-    if not _real_float(self):
-        return fallback.run_on_cpu(torch.ops.aten.linalg_ldl_factor_ex.default, (self,),
-                                   {"hermitian": hermitian, "check_errors": check_errors})
-    LD, piv, info = execute(_LDL_FACTOR, (self,), {"hermitian": hermitian, "check_errors": check_errors})
-    if check_errors:
-        torch.ops.aten._linalg_check_errors(info, "torch.linalg.ldl_factor_ex", is_matrix=self.dim() == 2)
-    return LD, piv, info
-
-
-@kernel("linalg_ldl_solve")
-def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
-    from ..eager import fallback
-    from ..eager.executor import execute
-
-    api = "torch.linalg.ldl_solve"
-    if LD.dim() < 2 or B.dim() < 2:
-        raise RuntimeError(f"{api}: LD and B must have at least 2 dimensions.")
-    if LD.shape[-1] != B.shape[-2]:
-        raise RuntimeError(f"{api}: Incompatible shapes of A and B for the equation AX = B "
-                           f"({LD.shape[-2]}x{LD.shape[-1]} and {B.shape[-2]}x{B.shape[-1]})")
-    if pivots.dtype != torch.int32:
-        raise RuntimeError(f"{api}: Expected LD.dtype to be int32, but got pivots with dtype {pivots.dtype}")
-    if LD.dtype != B.dtype:
-        raise RuntimeError(f"{api}: Expected LD and B to have the same dtype, but got {LD.dtype} and {B.dtype}")
-    if not _real_float(LD):
-        return fallback.run_on_cpu(torch.ops.aten.linalg_ldl_solve.default, (LD, pivots, B),
-                                   {"hermitian": hermitian})
-    return execute(_LDL_SOLVE, (LD, pivots, B), {"hermitian": hermitian})
+# served by kernels (eager/composites/linalg.py): real matrices natively, complex ones on CPU
+LDL_FACTOR = private("linalg_ldl_factor_ex")(_ldl_factor_fn)
+LDL_SOLVE = private("linalg_ldl_solve")(_ldl_solve_fn)

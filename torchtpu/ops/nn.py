@@ -3,8 +3,10 @@
 Conventions used here:
 * half/bfloat16 inputs are computed in float32 (PyTorch's opmath) and cast back.
 * Backward ops that take an `output_mask` return a zero-size placeholder for an
-  output that was not asked for; a small kernel (`_masked`) turns it into None,
-  as PyTorch returns an undefined tensor there.
+  output that was not asked for; `_masked` declares it (Lowering.output_mask) and the
+  eager kernel turns it into None, as PyTorch returns an undefined tensor there.
+* The batch-norm overloads that update running_mean/var in place (outside their schema)
+  are kernels in eager/composites/batch_norm.py around the functional lowering here.
 * Window geometry (kernel sizes, strides, output sizes) is static, so gathers use
   constant index tables built with numpy at trace time.
 * `eps`/`momentum` of the normalization ops are runtime scalars (see `_dynamic`),
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .registry import LOWERINGS, kernel, lower, overload
+from .registry import LOWERINGS, lower
 
 _HI = None  # float32 matmul precision: torch's setting, through runtime/precision.py
 _LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -64,18 +66,11 @@ def _dynamic(names, *args):
 
 
 def _masked(name, mask_arg):
-    """Serve `name` through its lowering, returning None for outputs masked off."""
-    op = overload(name)
-    idx = [a.name for a in op._schema.arguments].index(mask_arg)
-
-    def k(*args, **kwargs):
-        from ..eager.executor import execute
-
-        res = execute(LOWERINGS[name], args, kwargs)
-        mask = args[idx] if idx < len(args) else kwargs[mask_arg]
-        return tuple(r if m else None for r, m in zip(res, mask))
-
-    kernel(name)(k)
+    """`name` returns a placeholder (_empty) for each output `mask_arg` masks off: the eager
+    kernel returns None there. Its out= twin is not served (it stays on the CPU fallback)."""
+    low = LOWERINGS[name]
+    low.output_mask = mask_arg
+    low.variants = False
 
 
 def _bcast_c(v, ndim):
@@ -593,48 +588,6 @@ _dynamic(
      "_native_batch_norm_legit_no_training", "_batch_norm_with_update_functional", "_batch_norm_no_update"],
     "momentum", "eps",
 )
-
-
-def _functional_bn(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    from ..eager.executor import execute
-
-    return execute(
-        LOWERINGS["_native_batch_norm_legit_functional"],
-        (input, weight, bias, running_mean, running_var, training, momentum, eps), {},
-    )
-
-
-@kernel("native_batch_norm")
-def _native_batch_norm_kernel(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    """native_batch_norm updates running_mean/var in place in training mode (not in its schema)."""
-    if training and running_mean is not None and running_var is not None:
-        out, sm, si, rm, rv = _functional_bn(input, weight, bias, running_mean, running_var, True, momentum, eps)
-        running_mean.copy_(rm)
-        running_var.copy_(rv)
-        return out, sm, si
-    from ..eager.executor import execute
-
-    return execute(LOWERINGS["native_batch_norm"],
-                   (input, weight, bias, running_mean, running_var, training, momentum, eps), {})
-
-
-@kernel("_native_batch_norm_legit")
-def _native_batch_norm_legit_kernel(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    out, sm, si, rm, rv = _functional_bn(input, weight, bias, running_mean, running_var, training, momentum, eps)
-    if training:
-        running_mean.copy_(rm)
-        running_var.copy_(rv)
-    return out, sm, si
-
-
-@kernel("_batch_norm_with_update")
-def _batch_norm_with_update_kernel(input, weight, bias, running_mean, running_var, momentum, eps):
-    import torch
-
-    out, sm, si, rm, rv = _functional_bn(input, weight, bias, running_mean, running_var, True, momentum, eps)
-    running_mean.copy_(rm)
-    running_var.copy_(rv)
-    return out, sm, si, torch.empty((0,), dtype=torch.uint8, device=input.device)
 
 
 def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,

@@ -139,6 +139,37 @@ def schema_args(op: torch._ops.OpOverload) -> list[ArgInfo]:
     ]
 
 
+def _lowering(name: str, fn, promote, promote_args, static, dynamic, random: bool, variants: bool) -> Lowering:
+    """The Lowering of one overload, its rules read from the schema (see `lower`)."""
+    op = overload(name)
+    args = schema_args(op)
+    for a in args:
+        if a.name in dynamic:
+            a.kind = "scalar"
+    if promote_args is None:
+        pa = tuple(
+            a.name
+            for a in args
+            if a.kind in ("tensor", "tensor_list")
+            or (a.kind == "scalar" and a.name in _PROMOTED_SCALARS)
+        )
+    else:
+        pa = tuple(promote_args)
+        unknown = set(pa) - {a.name for a in args}
+        if unknown:
+            raise TypeError(f"lower({name!r}): promote_args {sorted(unknown)} are not arguments of its schema")
+    low = Lowering(name, fn, op, args, promote, pa, frozenset(static), random, variants=variants)
+    mutable = [a for a in args if a.mutable]
+    if mutable and mutable[0].kwarg_only:
+        # an out= overload with no functional twin: compute, then copy into `out`
+        low.mode, low.mutated = "out", tuple(a.name for a in mutable)
+        low.functional = Lowering(name, fn, op, args, promote, pa, frozenset(static), random)
+    elif mutable:
+        # an in-place overload with no functional twin (normal_, random_)
+        low.mode, low.mutated = "inplace", (mutable[0].name,)
+    return low
+
+
 def lower(
     *names: str,
     promote=None,
@@ -152,6 +183,8 @@ def lower(
 
     promote: an ELEMENTWISE_TYPE_PROMOTION_KIND; inputs arrive cast to the
         computation dtype and the result is cast to PyTorch's result dtype.
+    promote_args: the arguments promotion reads and casts; by default every Tensor
+        (optional ones too), Tensor list and the Scalars named self/other/exponent/end/input.
     static: Scalar arguments that shape the program (sizes, steps); every other
         Scalar is a runtime input, so changing its value never recompiles.
     dynamic: float arguments (eps, momentum, p) to pass as runtime inputs like Scalars,
@@ -162,36 +195,24 @@ def lower(
 
     def deco(fn):
         for name in names:
-            op = overload(name)
-            args = schema_args(op)
-            for a in args:
-                if a.name in dynamic:
-                    a.kind = "scalar"
-            if promote_args is None:
-                pa = tuple(
-                    a.name
-                    for a in args
-                    if a.kind in ("tensor", "tensor_list")
-                    or (a.kind == "scalar" and a.name in _PROMOTED_SCALARS)
-                )
-            else:
-                pa = tuple(promote_args)
-                unknown = set(pa) - {a.name for a in args}
-                if unknown:
-                    raise TypeError(f"lower({name!r}): promote_args {sorted(unknown)} are not arguments of its schema")
-            low = Lowering(name, fn, op, args, promote, pa, frozenset(static), random, variants=variants)
-            mutable = [a for a in args if a.mutable]
-            if mutable and mutable[0].kwarg_only:
-                # an out= overload with no functional twin: compute, then copy into `out`
-                low.mode, low.mutated = "out", tuple(a.name for a in mutable)
-                low.functional = Lowering(name, fn, op, args, promote, pa, frozenset(static), random)
-            elif mutable:
-                # an in-place overload with no functional twin (normal_, random_)
-                low.mode, low.mutated = "inplace", (mutable[0].name,)
+            low = _lowering(name, fn, promote, promote_args, static, dynamic, random, variants)
             LOWERINGS[name] = low
             for listener in _listeners:
                 listener(low)
         return fn
+
+    return deco
+
+
+def private(name: str, *, promote=None, promote_args: Iterable[str] | None = None, static: Iterable[str] = (),
+            dynamic: Iterable[str] = (), random: bool = False):
+    """`lower` for one overload without entering the table: the decorator returns the Lowering,
+    which a kernel in eager/composites runs after what no traced program can do (reading a
+    mask's true count, choosing operands by strides, falling back to CPU). The dispatcher
+    never serves it directly."""
+
+    def deco(fn) -> Lowering:
+        return _lowering(name, fn, promote, promote_args, static, dynamic, random, variants=False)
 
     return deco
 

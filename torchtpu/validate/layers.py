@@ -68,19 +68,11 @@ MODULE_LAYERS: dict[str, tuple[str, str]] = {
 # One entry covers every import of that module in that file. Remove an entry when the
 # import goes (the test fails on a stale entry); never add one for new code without an
 # issue item that will remove it.
-_OPS = "issue 14: ops/ is pure JAX; the kernels that call the executor or the fallback move to eager/"
 _SPMD = "issue 14: a spmd layer below compile/ and distributed/ holds the mesh axis, reduce kinds and collective bodies"
 _HOOK = "issue 14: deferred hands regions with collectives to a hook distributed/ installs, instead of importing it"
 _LEAF = ("issue 14: one leaf type / explicit types for what deferred records: runtime/ sees a pending buffer or a "
          "failed one through a type it defines, eager/ implements it")
 ALLOWED: dict[tuple[str, str], str] = {
-    # ops -> eager (issue 14 names nn.py, linalg.py, foreach.py, indexing.py; amp.py landed since)
-    ("torchtpu/ops/nn.py", "torchtpu.eager.executor"): _OPS,
-    ("torchtpu/ops/linalg.py", "torchtpu.eager.executor"): _OPS,
-    ("torchtpu/ops/linalg.py", "torchtpu.eager.fallback"): _OPS,
-    ("torchtpu/ops/foreach.py", "torchtpu.eager.executor"): _OPS,
-    ("torchtpu/ops/indexing.py", "torchtpu.eager.executor"): _OPS,
-    ("torchtpu/ops/amp.py", "torchtpu.eager.executor"): _OPS + " (GradScaler kernels, landed after the issue)",
     # runtime -> ops/eager
     ("torchtpu/runtime/transfer.py", "torchtpu.eager.deferred"): _LEAF,
     ("torchtpu/runtime/checks.py", "torchtpu.eager.deferred"): _LEAF + " (device checks, landed after the issue)",
