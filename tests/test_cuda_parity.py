@@ -49,6 +49,29 @@ def test_synchronize_waits_for_dropped_results(mode, sync):
     assert inflight.parked() == 0
 
 
+@pytest.mark.parametrize("overwrite", ["zero_", "copy_host", "mm_out"])
+def test_synchronize_waits_for_work_an_inplace_overwrite_replaced(mode, overwrite):
+    # a whole overwrite does not read the old buffer (its program does not wait for the one
+    # computing it), and the overwritten tensor is then dropped: synchronize still waits for
+    # both the old buffer's program and the overwrite's
+    a = _slow_product()
+    y = a @ a @ a @ a
+    old = _dispatch(y)
+    if old.is_ready():
+        pytest.skip("the device finished before the overwrite was dispatched")
+    if overwrite == "zero_":
+        y.zero_()
+    elif overwrite == "copy_host":
+        y.copy_(torch.ones(y.shape))
+    else:
+        torch.mm(a @ a, a, out=y)
+    new = _dispatch(y)
+    del y
+    torch.tpu.synchronize()
+    assert old.is_ready() and new.is_ready()
+    assert inflight.parked() == 0
+
+
 def test_event_elapsed_time_measures_device_completion(mode):
     a = _slow_product()
     start, end = torch.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
