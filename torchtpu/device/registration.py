@@ -37,7 +37,7 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
-    from . import accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, tied
+    from . import accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, tied, type_names
 
     autocast.install()
     tied.install()
@@ -47,4 +47,5 @@ def register() -> None:
     default_compile.install()  # torch.compile(model) on tpu tensors uses backend "tpu"
     accelerate_support.install()  # HF Accelerate (Trainer) defaults to tpu, as to cuda
     profiler.install()  # torch.profiler traces get each program's device time
+    type_names.install()  # autograd errors name torch.tpu.FloatTensor, not tpuFloatType
     _done = True
