@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 
@@ -23,7 +22,7 @@ from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, geometry, precision, program_timing, rng, storage, tensors, transfer
+from ..runtime import donation, leaf, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from . import collectives
 from . import graph as _graph
@@ -31,12 +30,11 @@ from . import graph as _graph
 _NUMBERS = (bool, int, float)
 
 
-_COMPLEX = (torch.complex64, torch.complex128)
-
-
 def _signature(args, skip=frozenset()):
     """(hashable signature, buffers to pass, storage entries) of one call's inputs; inputs
-    at the positions in `skip` are not passed. Runs on every call, hence the plain loops."""
+    at the positions in `skip` are not passed. A tpu tensor's signature is
+    ("tpu", its storage's numel and dtype, its Leaf over the buffer at its position).
+    Runs on every call, hence the plain loops."""
     sig = []
     bufs = []
     entries = []
@@ -48,24 +46,19 @@ def _signature(args, skip=frozenset()):
             entries.append(None)
             continue
         if isinstance(a, torch.Tensor):
-            dt = a.dtype
             if a.device.type == "cpu":
                 # numpy, not a jax array: jit moves it as part of the call, one dispatch
                 # fewer; a copy, since the graph may write this tensor back afterwards
                 bufs.append(torch_to_numpy(a))
                 bump("transfers_to_device")
-                sig.append(("cpu", tuple(a.shape), TORCH_TO_JAX[dt]))
+                sig.append(("cpu", tuple(a.shape), TORCH_TO_JAX[a.dtype]))
                 entries.append(None)
                 continue
             try:
                 entry = table[a.untyped_storage()._cdata]
             except KeyError:
                 entry = storage.lookup(a)  # raises the explanatory error
-            flag = ""
-            if a.is_neg() or (dt in _COMPLEX and a.is_conj()):
-                flag = ("conj" if a.is_conj() else "") + ("neg" if a.is_neg() else "")
-            sig.append(("tpu", entry.numel, entry.dtype, a.shape, a.stride(), a.storage_offset(),
-                        TORCH_TO_JAX[dt], flag))
+            sig.append(("tpu", entry.numel, entry.dtype, leaf.leaf_of(a, pos)))
             b = entry.buf
             bufs.append(b if type(b) is jax.Array or isinstance(b, jax.Array) else transfer.buffer(entry))
             entries.append(entry)
@@ -144,13 +137,7 @@ class CompiledGraph:
             inputs = []
             for s, b in zip(sig, bufs):
                 if s[0] == "tpu":
-                    _, numel, bdt, shape, stride, offset, dt, flag = s
-                    x = geometry.read(b, shape, stride, offset, dt)
-                    if "conj" in flag:
-                        x = jnp.conj(x)
-                    if "neg" in flag:
-                        x = -x
-                    inputs.append(x)
+                    inputs.append(leaf.read(bufs, s[3]))
                 elif s[0] == "cpu":
                     inputs.append(b)
                 elif s[0] == "number":
@@ -166,13 +153,11 @@ class CompiledGraph:
             written = {}
             host = []
             for i, new in sorted(mutated.items()):
-                s = sig[i]
-                if s[0] == "cpu":
+                if sig[i][0] == "cpu":
                     host.append((i, new))
                     continue
-                _, numel, bdt, shape, stride, offset, dt, flag = s
-                base = written.get(i, bufs[i])
-                written[i] = geometry.write(base, new.astype(dt), shape, stride, offset)
+                leaf.write(bufs, sig[i][3], new)
+                written[i] = bufs[i]
             # CPU inputs mutated in the graph (an optimizer's step counts) come back as one
             # array, so writing them back costs one transfer, not one per tensor
             packed = jnp.concatenate([v.reshape(-1).astype(jnp.float64 if v.dtype.kind != "c" else jnp.complex128)
@@ -193,9 +178,8 @@ class CompiledGraph:
         A buffer shared with another storage, a deferred region or a second argument is kept."""
         out = []
         for i in self.program.mutated_inputs:
-            s = sig[i]
-            # references: entries[i].buf, bufs[i] and getrefcount's own argument
-            if s[0] == "tpu" and sys.getrefcount(bufs[i]) == 3:
+            # held by the list and the storage entry only
+            if sig[i][0] == "tpu" and donation.exclusively_held(bufs, i, holders=1):
                 out.append(i)
         return tuple(out)
 
@@ -250,8 +234,7 @@ class CompiledGraph:
         if tp:
             program_timing.ran(f"tpu compiled graph {self.label}", (outs, written), tp, t0 is not None)
         bump("executions")
-        for i, new in written.items():
-            entries[i].buf = new
+        leaf.commit(entries, written)
         if packed is not None:
             _write_host(args, learned["host"], packed)
         results = []

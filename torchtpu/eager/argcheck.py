@@ -165,7 +165,7 @@ def _describe(name: str, args, kwargs) -> str:
 def _raise(err: BaseException, name: str, args=(), kwargs=None):
     """Raise CPU's exception (class and message), its message extended by the op, its inputs
     and the user's line, as every torchtpu error names them."""
-    from .deferred import _origin
+    from .origin import user_frame as _origin
 
     where = _origin()
     at = f", issued at {where[0]}:{where[1]} in {where[2]}" if where else ""

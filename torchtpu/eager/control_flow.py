@@ -26,13 +26,14 @@ from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from .. import metrics
-from ..runtime import geometry, storage
-from ..runtime.jaxenv import TORCH_TO_JAX
-from . import deferred, executor, modes
+from ..runtime import leaf as _leaf
+from ..runtime import storage
+from . import deferred, modes
+from .op_program import Compiled, jit_packed
 
 OPS = (cond_op, while_loop_op, scan_op, map_impl, associative_scan_op)
 
-class _HopCompiled(executor._Compiled):
+class _HopCompiled(Compiled):
     """A traced higher-order op in the form deferred.record takes any op's executable."""
 
     __slots__ = ("node", "low")
@@ -113,16 +114,12 @@ class _Node:
 
 def _record(op, args, kwargs):
     tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    entries, index, leaves = [], {}, []
+    flat = _leaf.Leaves()
     for t in tensors:
-        e = storage.lookup(t)
-        si = index.get(id(e))
-        if si is None:
-            si = index[id(e)] = len(entries)
-            entries.append(e)
-        leaves.append((si, tuple(t.shape), t.stride(), t.storage_offset(), TORCH_TO_JAX[t.dtype]))
-    leaves = tuple(leaves)
-    specs = tuple((e.numel, e.dtype) for e in entries)
+        flat.add(t, storage.lookup(t))
+    entries = flat.entries
+    leaves = tuple(flat.leaves)
+    specs = flat.specs()
     key = (op, _signature(args), _signature(kwargs), leaves, specs)
     compiled = _cache.get(key)
     if compiled is None:
@@ -130,7 +127,7 @@ def _record(op, args, kwargs):
             compiled = _cache.get(key)
             if compiled is None:
                 compiled = _cache[key] = _compile(op, key, args, kwargs, tensors, leaves, specs)
-    outs = deferred.record(compiled, entries, [], compiled.low, executor._make_output)
+    outs = deferred.record(compiled, entries, [], compiled.low)
     metrics.bump("control_flow_nodes")
     return torch.utils._pytree.tree_unflatten(list(outs), compiled.node.out_spec)
 
@@ -144,14 +141,14 @@ def _compile(op, key, args, kwargs, tensors, leaves, specs):
 
     def program(bufs, scalars, rngdata):
         bufs = [jnp.zeros((n,), dt) if b is None else b for b, (n, dt) in zip(bufs, specs)]
-        inputs = [geometry.read(bufs[lf[0]], lf[1], lf[2], lf[3], lf[4]) for lf in leaves]
+        inputs = [_leaf.read(bufs, lf) for lf in leaves]
         outs, _ = program_fn(inputs, rngdata)
         outs = torch.utils._pytree.tree_leaves(outs)
         return tuple(jnp.asarray(o).reshape(-1) for o in outs), {}
 
     c = _HopCompiled()
     c.program = program
-    c.fn = executor._jit_packed(program, ())
+    c.fn = jit_packed(program, ())
     c.outs = node.outs
     c.structure = "tuple"
     c.updated = ()

@@ -16,7 +16,6 @@ compiled fused: see the compile-storm guard below.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import weakref
 
@@ -25,37 +24,16 @@ import jax
 from .. import metrics
 from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, program_timing, rng
+from ..runtime import donation, leaf, pending, program_timing, rng, tensors
+from ..runtime.pending import Failed, Pending
+from . import modes
 from . import scalars as _scalars
+from .origin import user_frame as _origin
+from .origin import where as _where
+from .recordable import Recordable, RecordedOp, count_run
 
 _lock = threading.RLock()
 MAX_OPS = int(os.environ.get("TORCHTPU_DEFER_MAX_OPS", "4096"))
-
-
-class Pending:
-    """A buffer that a recorded op will produce: (node index, output key)."""
-
-    __slots__ = ("node", "key", "graph")
-
-    def __init__(self, node: int, key, graph):
-        self.node = node
-        self.key = key
-        self.graph = graph
-
-
-class Failed:
-    """A buffer whose computation failed at materialization; reading it re-raises."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException):
-        self.error = error
-
-    def raise_(self):
-        raise RuntimeError(
-            f"torchtpu: this tensor's value was lost because computing it failed earlier: "
-            f"{type(self.error).__name__}: {self.error}"
-        ) from self.error
 
 
 class _Node:
@@ -112,35 +90,13 @@ def forget_signatures() -> None:
     _churning.clear()
 
 
-_SKIP_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep
-    for m in (sys.modules["torch"], sys.modules["torchtpu"])
-)
-_internal_code: dict = {}  # code object -> is it torch's or torchtpu's (not the user's)
-
-
-def _origin():
-    """The user's (file, line, function) that issued the current op, if any."""
-    f = sys._getframe(1)
-    internal = _internal_code
-    while f is not None:
-        code = f.f_code
-        skip = internal.get(code)
-        if skip is None:
-            fn = code.co_filename
-            skip = internal[code] = fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")
-        if not skip:
-            return (code.co_filename, f.f_lineno, code.co_name)
-        f = f.f_back
-    return None
-
-
 def pending_count() -> int:
     return len(_graph.nodes)
 
 
-def record(compiled, entries, dyn, low, make_output, generator=None):
-    """Record one op; returns its output entries' Pendings via `make_output`. A random op
+def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
+    """Record one op over storage `entries` with runtime scalars `dyn`; returns its
+    outputs (new tensors over Pending buffers; None for an in-place op). A random op
     draws from `generator` (the default generator when None)."""
     with _lock:
         g = _graph
@@ -195,7 +151,7 @@ def record(compiled, entries, dyn, low, make_output, generator=None):
                     result.append(None)
                     continue
                 p = Pending(j, k, g)
-                t, e = make_output(meta[0], meta[1], p)
+                t, e = tensors.empty_with_entry(meta[0], meta[1], p)
                 written.append((weakref.ref(e), p))
                 result.append(t)
                 k += 1
@@ -211,13 +167,11 @@ def record(compiled, entries, dyn, low, make_output, generator=None):
 def record_collective(compiled, entries, low, ctx):
     """Record a collective over group context `ctx`; the region then runs as one SPMD
     program over that group's mesh (a region holds one group's collectives)."""
-    from .executor import _make_output
-
     with _lock:
         if _graph.collectives is not None and _graph.collectives is not ctx:
             flush("collective_group")
         _graph.collectives = ctx
-        return record(compiled, entries, [], low, _make_output)
+        return record(compiled, entries, [], low)
 
 
 def flush_collectives(reason: str) -> None:
@@ -290,26 +244,23 @@ class _Fused:
         return self.fn(*args)
 
 
-def _where(origin) -> str | None:
-    return f"{origin[0]}:{origin[1]} in {origin[2]}" if origin else None
-
-
 def _donatable(inputs) -> tuple:
     """Inputs only the region still holds: every storage that had one was overwritten in
     the region (a parameter, an optimizer state), so XLA may update it in place."""
     if not DONATE:
         return ()
-    # references: the inputs list, the loop variable and getrefcount's own argument
-    return tuple(i for i, b in enumerate(inputs) if sys.getrefcount(b) == 3)
+    return tuple(i for i in range(len(inputs)) if donation.exclusively_held(inputs, i))
 
 
-DONATE = os.environ.get("TORCHTPU_DEFER_DONATE", "1") != "0"
+# Off unless TORCHTPU_DEFER_DONATE=1. Until issue 14 the test here was `sys.getrefcount(b)
+# == 3` inside `enumerate(inputs)`, whose reused result tuple holds one more reference, so
+# it never held and no region ever donated; turning it on is a change of its own (XLA warns
+# about donated buffers no output can reuse, such as a CPU scalar operand's).
+DONATE = os.environ.get("TORCHTPU_DEFER_DONATE", "0") not in ("0", "")
 
 
 def _replay(g, inputs, out_refs):
     """Run a region op by op with each op's own executable (the compile-storm guard)."""
-    from .executor import count_run
-
     vals = {}
     scalars = g.scalars
     si = 0
@@ -411,8 +362,7 @@ def flush(reason: str) -> None:
             raise
         if t0:
             program_timing.ran(program_timing.region_name([n.name for n in g.nodes]), results, t0, fresh)
-        for (e, _), r in zip(live, results):
-            e.buf = r
+        leaf.commit([e for e, _ in live], dict(enumerate(results)))
         for flags, declared, where in flagged:
             # a tripped check loses the region's outputs: they hold XLA's clamped values
             _pending_checks.add(flags, declared, where, [(e, r) for (e, _), r in zip(live, results)])
@@ -435,10 +385,11 @@ def _bound_regions() -> None:
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
-    from . import modes
-
     if modes.get() == "defer_and_fuse":
         flush("optimizer_step")
+
+
+pending.install(flush)  # runtime/ computes pending buffers through this (runtime/pending.py)
 
 
 def install_hooks() -> None:

@@ -9,6 +9,8 @@ import contextlib
 import os
 import threading
 
+from ..runtime import pending
+
 MODES = ("strict", "debug", "defer_and_fuse")
 
 _lock = threading.Lock()
@@ -34,9 +36,7 @@ def set(mode: str) -> None:  # noqa: A001 - mirrors the public set_eager_mode
     with _lock:
         old = _state["mode"]
         if old == "defer_and_fuse" and mode != old:
-            from . import deferred
-
-            deferred.flush("mode_change")
+            pending.materialize("mode_change")  # (eager/deferred.py's flush)
         _state["mode"] = mode
 
 

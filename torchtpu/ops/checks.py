@@ -26,8 +26,7 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-# one row per check: (tripped, first offending value, a second value)
-ROW = 3
+from ..runtime.checks import ROW  # one row per check: its layout is the reader's (runtime/checks)
 
 _enabled = [os.environ.get("TORCHTPU_CHECKS", "1").strip() not in ("0", "false", "False", "")]
 _tls = threading.local()  # the collector of the trace in progress on this thread

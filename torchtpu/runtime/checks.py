@@ -19,6 +19,11 @@ import weakref
 import numpy as np
 
 from .. import metrics
+from .pending import Failed
+
+# The flag array's layout: one row per check, (tripped, first offending value, a second
+# value); ops/checks.py packs it, this module reads it.
+ROW = 3
 
 # Past this many unread flag arrays the finished ones are read (non-blocking), so a loop
 # that never reads the host keeps a bounded list; a tripped one waits for the next read.
@@ -90,8 +95,6 @@ def _where_of(rec: _Record, check) -> str | None:
 
 
 def _error_of(rec: _Record) -> BaseException | None:
-    from ..ops.checks import ROW
-
     rows = np.asarray(rec.flags).reshape(-1, ROW)
     bad = np.nonzero(rows[:, 0])[0]
     if not len(bad):
@@ -105,8 +108,6 @@ def _error_of(rec: _Record) -> BaseException | None:
 
 
 def _lose(rec: _Record, err: BaseException) -> None:
-    from ..eager.deferred import Failed
-
     for er, br in rec.writes:
         e, b = er(), br()
         if e is not None and b is not None and e.buf is b:

@@ -8,13 +8,16 @@ drops the entry, so device memory returns when the last tensor or view dies.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import inflight, jaxenv
+from . import geometry, inflight, jaxenv, pending
 
 
 class Entry:
@@ -90,11 +93,15 @@ def adopt_dtype(entry: Entry, dtype: np.dtype) -> None:
     if dtype == entry.dtype or entry.nbytes % dtype.itemsize:
         return
     if entry.buf is not None:
-        from .transfer import buffer, reinterpret
-
-        entry.buf = reinterpret(buffer(entry), dtype)
+        entry.buf = _reinterpret(pending.concrete(entry, "host_read"), jnp.dtype(dtype))
     entry.numel = entry.nbytes // dtype.itemsize
     entry.dtype = dtype
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _reinterpret(buf, dtype):
+    """A flat buffer's bytes seen as another element type (a bitcast, no value change)."""
+    return geometry._bitcast(buf, dtype)
 
 
 def _account(nbytes: int) -> None:
@@ -141,11 +148,7 @@ def resize(entry: Entry, numel: int) -> None:
         return
     extra = (numel - entry.numel) * entry.dtype.itemsize
     if entry.buf is not None:
-        import jax.numpy as jnp
-
-        from .transfer import buffer
-
-        entry.buf = jnp.concatenate([buffer(entry), jnp.zeros(numel - entry.numel, entry.dtype)])
+        entry.buf = jnp.concatenate([pending.concrete(entry, "host_read"), jnp.zeros(numel - entry.numel, entry.dtype)])
     entry.numel = numel
     entry.nbytes += extra
     _account(extra)

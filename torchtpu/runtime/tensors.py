@@ -24,6 +24,13 @@ def empty(shape, dtype: torch.dtype, buf=None) -> torch.Tensor:
     return t
 
 
+def empty_with_entry(shape, dtype: torch.dtype, buf=None):
+    """empty() and its storage entry (for the caller that writes the entry's buffer later)."""
+    shape = tuple(shape)
+    t = _create(shape, dtype)
+    return t, storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+
+
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
     out = _create((0,), dtype or base.dtype)

@@ -10,25 +10,18 @@ import numpy as np
 import torch
 
 from .. import metrics
-from . import geometry, storage
+from . import geometry, leaf, pending, storage
 from .jaxenv import device, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _read_static(buf, shape, stride, offset, dtype):
-    return geometry.read(buf, shape, stride, offset, dtype)
+@functools.partial(jax.jit, static_argnums=(1,))
+def _read_static(buf, lf):
+    return leaf.read((buf,), lf)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 4))
-def _read_at(buf, shape, stride, offset, dtype):
-    return geometry.read(buf, shape, stride, offset, dtype)
-
-
-def _read(buf, shape, stride, offset, dtype):
-    """A view's value; a nonzero offset is a runtime argument (one program for all rows)."""
-    if offset:
-        return _read_at(buf, shape, stride, np.int64(offset), dtype)
-    return _read_static(buf, shape, stride, 0, dtype)
+@functools.partial(jax.jit, static_argnums=(1,))
+def _read_at(buf, lf, offset):
+    return leaf.read((buf,), lf, offset)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -42,34 +35,21 @@ def buffer(entry: storage.Entry):
     if b is None:
         entry.buf = b = _zeros(entry.numel, entry.dtype)
     elif not isinstance(b, jax.Array):
-        from ..eager import deferred
-
-        if type(b) is deferred.Pending:
-            deferred.flush("host_read")
-            b = entry.buf
-        elif type(b) is deferred.Failed:
-            b.raise_()
+        b = pending.concrete(entry, "host_read")
     return b
 
 
 def value(t: torch.Tensor) -> jax.Array:
     """The tensor's value as a jax.Array of its shape (a gather for strided views)."""
     entry = storage.lookup(t)
-    shape = tuple(t.shape)
-    dt = to_jax_dtype(t.dtype)
     buf = buffer(entry)
-    if t.is_neg() or (dt.kind == "c" and t.is_conj()):
-        x = _read(buf, shape, tuple(t.stride()), t.storage_offset(), dt)
-        x = jnp.conj(x) if t.is_conj() else x
-        return -x if t.is_neg() else x
-    if (
-        t.storage_offset() == 0
-        and math.prod(shape) == entry.numel
-        and dt == entry.dtype
-        and geometry.is_contiguous(shape, t.stride())
-    ):
-        return buf.reshape(shape)
-    return _read(buf, shape, tuple(t.stride()), t.storage_offset(), dt)
+    lf = leaf.leaf_of(t, 0, offsets := [])
+    if offsets:  # a nonzero offset is a runtime argument (one program for all rows)
+        return _read_at(buf, lf, np.int64(offsets[0]))
+    if not lf.flags and math.prod(lf.shape) == entry.numel and lf.dtype == entry.dtype \
+            and geometry.is_contiguous(lf.shape, lf.stride):
+        return buf.reshape(lf.shape)
+    return _read_static(buf, lf)
 
 
 def _host_value(t: torch.Tensor) -> np.ndarray:
@@ -81,7 +61,7 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
     entry = storage.lookup(t)
     dt = to_jax_dtype(t.dtype)
     numel = math.prod(t.shape)
-    if dt == entry.dtype and not (t.is_neg() or (dt.kind == "c" and t.is_conj())) \
+    if dt == entry.dtype and not leaf.flags_of(t) \
             and entry.numel <= max(4 * numel, 1 << 16):
         flat = np.asarray(buffer(entry))
         if numel == entry.numel and geometry.is_contiguous(tuple(t.shape), t.stride()):
@@ -113,16 +93,6 @@ def to_device_array(t: torch.Tensor) -> jax.Array:
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())
-
-
-@functools.partial(jax.jit, static_argnums=(1,))
-def _reinterpret(buf, dtype):
-    return geometry._bitcast(buf, dtype)
-
-
-def reinterpret(buf: jax.Array, dtype) -> jax.Array:
-    """A flat buffer's bytes seen as another element type (a bitcast, no value change)."""
-    return _reinterpret(buf, jnp.dtype(dtype))
 
 
 def storage_to_host(entry: storage.Entry) -> np.ndarray:

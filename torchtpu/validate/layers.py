@@ -70,15 +70,7 @@ MODULE_LAYERS: dict[str, tuple[str, str]] = {
 # issue item that will remove it.
 _SPMD = "issue 14: a spmd layer below compile/ and distributed/ holds the mesh axis, reduce kinds and collective bodies"
 _HOOK = "issue 14: deferred hands regions with collectives to a hook distributed/ installs, instead of importing it"
-_LEAF = ("issue 14: one leaf type / explicit types for what deferred records: runtime/ sees a pending buffer or a "
-         "failed one through a type it defines, eager/ implements it")
 ALLOWED: dict[tuple[str, str], str] = {
-    # runtime -> ops/eager
-    ("torchtpu/runtime/transfer.py", "torchtpu.eager.deferred"): _LEAF,
-    ("torchtpu/runtime/checks.py", "torchtpu.eager.deferred"): _LEAF + " (device checks, landed after the issue)",
-    ("torchtpu/runtime/checks.py", "torchtpu.ops.checks"): (
-        "device checks (landed after issue 14): the flag row's layout ROW belongs in runtime/checks, "
-        "ops/checks imports it from there"),
     # eager -> compile/distributed
     ("torchtpu/eager/deferred.py", "torchtpu.compile.collectives"): _SPMD,
     ("torchtpu/eager/deferred.py", "torchtpu.distributed.fused"): _HOOK,
@@ -95,15 +87,13 @@ ALLOWED: dict[tuple[str, str], str] = {
 # Modules in import cycles today (issue 14: "no import circle"). A module joining a cycle
 # fails the test; one that leaves every cycle must be removed here.
 KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
-    # one cycle of 12 (issue 14 counted nine files; 13 with argcheck): runtime <-> eager through pending buffers and
-    # device checks, eager <-> compile/distributed through fused collectives
+    # eager/deferred <-> compile/distributed through fused collectives (issue 14: a spmd
+    # layer and a collective hook remove it)
     "torchtpu.compile.collectives", "torchtpu.distributed.backend", "torchtpu.distributed.fused",
-    "torchtpu.eager.deferred", "torchtpu.eager.executor", "torchtpu.eager.growth", "torchtpu.eager.modes",
-    "torchtpu.runtime.checks", "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
-    "torchtpu.runtime.tensors", "torchtpu.runtime.transfer",
-    # eager/argcheck.py (argument checks, 6475309) joins it: executor imports it, it reads
-    # the issuing line from eager/deferred._origin lazily
-    "torchtpu.eager.argcheck",
+    "torchtpu.eager.deferred",
+    # runtime/storage <-> runtime/inflight: retiring a dropped storage's buffer, and inflight
+    # reading the storage table back (lazy)
+    "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
     # compile/graph.py <-> compile/control_flow.py (control flow, landed after the issue)
     "torchtpu.compile.control_flow", "torchtpu.compile.graph",
 })

@@ -1,0 +1,135 @@
+"""An op call's arguments, flattened for the strict executor's cache key and program.
+
+Tensors become leaves over the call's storages (runtime/leaf.py); Python numbers where
+the op takes a Scalar or a Tensor are runtime values (`dyn`); everything else is static.
+The encoding of each argument (a small tuple tagged by its first element) is part of
+the executable's cache key and tells the program how to rebuild the call:
+
+    (TENSOR, i)         the i-th leaf's value
+    (SCALAR, type)      the next runtime scalar
+    (LIST, (spec,...))  a list of encoded items
+    (VALUE, v)          a static value (a tuple stands for a list)
+    None                None
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from ..ops.registry import Lowering
+from ..runtime import leaf as _leaf
+from ..runtime.jaxenv import torch_to_numpy
+
+TENSOR, SCALAR, LIST, VALUE = "T", "S", "L", "V"
+_SCALARS = (bool, int, float, complex)
+
+
+class HostEntry:
+    """A 0-dim CPU tensor used as an operand: it rides along as a device value, in a
+    storage-like entry of its own."""
+
+    __slots__ = ("buf", "numel", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self.buf = jnp.asarray(torch_to_numpy(t.reshape(1)))
+        self.numel = 1
+        self.dtype = self.buf.dtype
+
+
+def _device_error(low: Lowering, other) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two "
+        f"devices, tpu:0 and {other}! (when checking arguments for {low.name})")
+
+
+class Flat(_leaf.Leaves):
+    """One call, flattened: its storages and leaves (a nonzero offset is a runtime value
+    in `offsets`, passed after the op's scalars), runtime scalars `dyn`, the tensors."""
+
+    __slots__ = ("dyn", "tensors")
+
+    def __init__(self):
+        super().__init__(runtime_offsets=True)
+        self.dyn = []
+        self.tensors = []
+
+    def tensor(self, t: torch.Tensor, low: Lowering):
+        if t.is_cpu:
+            if t.dim() != 0:
+                raise _device_error(low, "cpu")
+            entry = HostEntry(t)
+            self.leaves.append(_leaf.host_leaf(self.slot(entry), t))
+        else:
+            try:
+                entry = _leaf.entry_of(t)
+            except KeyError:
+                if t.device.type != "tpu":
+                    raise _device_error(low, t.device) from None
+                raise
+            self.leaves.append(_leaf.leaf_of(t, self.slot(entry), self.offsets))
+        self.tensors.append(t)
+        return (TENSOR, len(self.leaves) - 1)
+
+    def encode(self, v, info, low):
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, low)
+        if v is None:
+            return None
+        kind = info.kind if info is not None else "other"
+        if isinstance(v, _SCALARS):
+            # A Python number where a Tensor is expected is a wrapped scalar: a runtime value too.
+            if kind in ("scalar", "scalar_list", "tensor") and info.name not in low.static:
+                self.dyn.append(v)
+                return (SCALAR, type(v))
+            return (VALUE, v)
+        if isinstance(v, (list, tuple)):
+            if kind == "scalar_list" and info.name not in low.static:
+                return (LIST, tuple(self.encode(x, info, low) for x in v))
+            if v and any(isinstance(x, torch.Tensor) for x in v) or kind in ("tensor_list", "opt_tensor_list"):
+                return (LIST, tuple(self.encode(x, info, low) for x in v))
+            return (VALUE, tuple(v))
+        return (VALUE, v)
+
+
+def decode(spec, vals, scalars):
+    """The argument `spec` encodes, from the leaves' values and an iterator of scalars."""
+    if spec is None:
+        return None
+    tag = spec[0]
+    if tag == TENSOR:
+        return vals[spec[1]]
+    if tag == SCALAR:
+        return next(scalars)
+    if tag == LIST:
+        return [decode(s, vals, scalars) for s in spec[1]]
+    v = spec[1]
+    return list(v) if isinstance(v, tuple) else v
+
+
+def flatten(low: Lowering, args, kwargs) -> tuple[Flat, tuple, tuple]:
+    """(flat call, positional specs, (name, spec) keyword specs)."""
+    flat = Flat()
+    infos = low.args
+    pos = []
+    i = 0
+    for a in args:
+        info = infos[i] if i < len(infos) else None
+        pos.append(flat.encode(a, info, low))
+        i += 1
+    kw = []
+    if kwargs:
+        names = {a.name: a for a in infos}
+        for name, v in kwargs.items():
+            kw.append((name, flat.encode(v, names.get(name), low)))
+    return flat, tuple(pos), tuple(kw)
+
+
+def target_specs(low: Lowering, pos, kw) -> tuple[list, bool]:
+    """(the encoded tensor(s) an in-place op writes, whether it is one tensor rather than a
+    list): its first mutated argument's."""
+    target = low.mutated[0]
+    idx = [a.name for a in low.args].index(target)
+    spec = pos[idx] if idx < len(pos) else dict(kw).get(target)
+    if spec is None:
+        return [], True
+    return ([spec], True) if spec[0] == TENSOR else (list(spec[1]), False)
