@@ -64,6 +64,61 @@ def test_world_of_one_in_process(tmp_path):
         dist.destroy_process_group()
 
 
+class _CountingRunner:
+    """The installed runner of regions with collectives, with its calls counted."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = []
+
+    def agree(self, ctx, fkey, nodes):
+        self.calls.append("agree")
+        return self.inner.agree(ctx, fkey, nodes)
+
+    def run(self, ctx, fkey, nodes, fn, args):
+        self.calls.append("run")
+        return self.inner.run(ctx, fkey, nodes, fn, args)
+
+
+def test_region_with_a_collective_runs_through_the_installed_runner(tmp_path):
+    # eager/deferred never imports distributed/: creating a group installs the runner it
+    # calls for regions holding collectives. A group of one records nothing by itself, so
+    # the all-reduce (the identity over one rank) is recorded the way the group records
+    # DDP's bucket all-reduce in defer_and_fuse.
+    import torchtpu
+    from torchtpu.distributed import fused
+    from torchtpu.eager import deferred
+    from torchtpu.spmd.bodies import body_allreduce
+
+    dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    installed = deferred._collective_runner
+    try:
+        assert installed is not None
+        pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("tpu"))
+        counting = _CountingRunner(installed)
+        deferred.set_collective_region_runner(counting)
+        with torchtpu.eager_mode("defer_and_fuse"):
+            x = torch.arange(6.0).reshape(2, 3).to("tpu")
+            y = x * 2
+            assert fused.record_written(pg, "ALLREDUCE", ("allreduce", "sum", 1),
+                                        lambda: body_allreduce("sum", 1), [y], [y])
+            z = y + 1
+            assert counting.calls == []  # recorded, not run
+            torch.testing.assert_close(z.cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 1)
+        assert counting.calls == ["agree", "run"]
+
+        deferred.set_collective_region_runner(None)
+        with torchtpu.eager_mode("defer_and_fuse"):
+            y = torch.ones(3).to("tpu")
+            with pytest.raises(RuntimeError, match="no runner for regions with collectives is installed"):
+                fused.record_written(pg, "ALLREDUCE", ("allreduce", "sum", 1),
+                                     lambda: body_allreduce("sum", 1), [y], [y])
+            torch.testing.assert_close((y + 1).cpu(), torch.full((3,), 2.0))  # nothing half-recorded
+    finally:
+        deferred.set_collective_region_runner(installed)
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------- 2 processes
 
 CFG = dict(vocab=64, d=32, layers=1, heads=2, max_len=32)

@@ -18,33 +18,17 @@ import hashlib
 import operator
 import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
 
 from ..metrics import bump
+# shared with fused regions and the process group (spmd/); compile/graph.py and
+# compile/runtime.py reach them through this module, torchtpu.set_collectives too
+from ..spmd.functional import LOWERINGS
+from ..spmd.mesh import Context, tpu_group
+from ..spmd.mode import get_collectives, set_collectives  # noqa: F401 - re-exported
+from ..spmd.program import spmd  # noqa: F401 - re-exported
 
 funcol = torch.ops._c10d_functional
-AXIS = "r"  # the mesh axis of torchtpu.distributed's process-group programs
-
-_mode = {"value": None}
-
-
-def set_collectives(mode: str) -> None:
-    """'in_graph' (default): collectives are part of compiled programs and of defer_and_fuse
-    regions; 'skinny': one executable per collective, between compiled pieces or regions
-    (for comparison)."""
-    if mode not in ("in_graph", "skinny"):
-        raise ValueError(f"torchtpu: collectives mode must be 'in_graph' or 'skinny', got {mode!r}")
-    _mode["value"] = mode
-
-
-def get_collectives() -> str:
-    mode = _mode["value"] or os.environ.get("TORCHTPU_COLLECTIVES", "in_graph")
-    if mode not in ("in_graph", "skinny"):
-        raise ValueError(f"TORCHTPU_COLLECTIVES must be 'in_graph' or 'skinny', got {mode!r}")
-    return mode
 
 
 def _group_arg(node) -> str | None:
@@ -65,20 +49,6 @@ def collective_nodes(gm: torch.fx.GraphModule) -> list:
     return [n for n in gm.graph.nodes if is_collective(n)]
 
 
-def tpu_group(name: str):
-    """The torchtpu process group behind a c10d group name, or None."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    pg = _resolve_process_group(name)
-    if hasattr(pg, "_mesh_and_sharding"):
-        return pg
-    try:
-        backend = pg._get_backend(torch.device("tpu"))
-    except Exception:
-        return None
-    return backend if hasattr(backend, "_mesh_and_sharding") else None
-
-
 def why_not_in_graph(gm: torch.fx.GraphModule) -> str | None:
     """None if every collective of the graph can live in one SPMD program, else why not."""
     nodes = collective_nodes(gm)
@@ -95,79 +65,6 @@ def why_not_in_graph(gm: torch.fx.GraphModule) -> str | None:
     if tpu_group(names.pop()) is None:
         return "the process group is not a torchtpu ('tpu') group"
     return None
-
-
-# ---- the collectives as JAX on each rank's block (inside shard_map over AXIS) ---------------
-
-def _kind(reduce_op: str, dtype) -> str:
-    from ..distributed import backend
-
-    return backend.reduce_kind_named(reduce_op, dtype)
-
-
-def _all_reduce(ctx, x, reduce_op, group_name):
-    from ..distributed import backend
-
-    return backend._allreduce_one(x, _kind(reduce_op, x.dtype), ctx.size)
-
-
-def _all_reduce_coalesced(ctx, xs, reduce_op, group_name):
-    return [_all_reduce(ctx, x, reduce_op, group_name) for x in xs]
-
-
-def _all_gather(ctx, x, group_size, group_name):
-    if x.ndim == 0:
-        x = x.reshape(1)
-    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
-
-
-def _all_gather_coalesced(ctx, xs, group_size, group_name):
-    return [_all_gather(ctx, x, group_size, group_name) for x in xs]
-
-
-def _reduce_scatter(ctx, x, reduce_op, group_size, group_name):
-    from ..distributed import backend
-
-    w = ctx.size
-    out_shape = (x.shape[0] // w,) + tuple(x.shape[1:])
-    # dim 0 is the outermost, so rank r's rows are the r-th flat chunk
-    return backend._reduce_scatter_one(x.reshape(-1), _kind(reduce_op, x.dtype), w).reshape(out_shape)
-
-
-def _reduce_scatter_coalesced(ctx, xs, reduce_op, group_size, group_name):
-    return [_reduce_scatter(ctx, x, reduce_op, group_size, group_name) for x in xs]
-
-
-def _all_to_all_single(ctx, x, output_split_sizes, input_split_sizes, group_name):
-    return jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
-
-
-def _broadcast(ctx, x, src, group_name):
-    return jax.lax.all_gather(x, AXIS)[src]
-
-
-LOWERINGS = {
-    funcol.all_reduce.default: _all_reduce,
-    funcol.all_reduce_coalesced.default: _all_reduce_coalesced,
-    funcol.all_gather_into_tensor.default: _all_gather,
-    funcol.all_gather_into_tensor_coalesced.default: _all_gather_coalesced,
-    funcol.reduce_scatter_tensor.default: _reduce_scatter,
-    funcol.reduce_scatter_tensor_coalesced.default: _reduce_scatter_coalesced,
-    funcol.all_to_all_single.default: _all_to_all_single,
-    funcol.broadcast.default: _broadcast,
-}
-
-
-class Context:
-    """What a graph's collectives run over: the group, its size, its mesh; for a compiled
-    graph also what its collectives are (checked across ranks before its first run)."""
-
-    def __init__(self, group, what: str = "", digest: str = ""):
-        self.group = group
-        self.size = group.size()
-        self.mesh, self.sharding = group._mesh_and_sharding()
-        self.what = what
-        self.digest = digest
 
 
 def _describe(n) -> str:
@@ -187,50 +84,6 @@ def context_of(gm: torch.fx.GraphModule) -> Context | None:
     ops = [_describe(n) for n in nodes]
     what = f"a compiled graph with {', '.join(ops)}"
     return Context(tpu_group(_group_arg(nodes[0])), what, hashlib.sha1(repr(ops).encode()).hexdigest()[:16])
-
-
-# ---- running a program as SPMD over the group's mesh -------------------------------------------
-
-def spmd(run, ctx: Context, donate: bool):
-    """jit(shard_map(run)) over the group's mesh, called with this rank's local values.
-
-    Every value crosses as a 1-D block of a global array (a tpu input is its flat
-    storage buffer already, so wrapping it is free); the program's outputs are
-    1-D too, so this rank's block of each is its result as it is.
-    """
-    from jax.sharding import PartitionSpec as P
-
-    shapes: dict = {}
-
-    def body(*args):
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        leaves = [x.reshape(s) for x, s in zip(leaves, shapes["in"])]
-        return run(*jax.tree_util.tree_unflatten(tree, leaves))
-
-    sm = jax.shard_map(body, mesh=ctx.mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False)
-    fn = jax.jit(sm, donate_argnums=(0,) if donate else ())
-    device = ctx.mesh.devices.flat[ctx.group.rank()]
-    sharding = ctx.sharding
-    w = ctx.size
-
-    def globalize(x):
-        if not isinstance(x, jax.Array):
-            x = jax.device_put(np.asarray(x).reshape(-1), device)
-        elif x.ndim != 1:
-            x = x.reshape(-1)
-        return jax.make_array_from_single_device_arrays((w * x.shape[0],), sharding, [x])
-
-    def call(*args):
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        if "in" not in shapes:
-            shapes["in"] = [np.shape(x) for x in leaves]
-        glob = jax.tree_util.tree_unflatten(tree, [globalize(x) for x in leaves])
-        out = fn(*glob)
-        bump("spmd_executions")
-        return jax.tree_util.tree_map(lambda o: o.addressable_data(0), out)
-
-    call.lower = lambda *a: fn.lower(*jax.tree_util.tree_map(globalize, a))
-    return call
 
 
 # ---- the skinny path: compiled pieces between collectives ---------------------------------------

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 
 import jax.numpy as jnp
 import torch
 
-from ..compile import collectives as ccoll
-from ..eager import modes, scalars
+from ..eager import deferred, modes, scalars
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
+from ..spmd.functional import LOWERINGS
+from ..spmd.mesh import Context, tpu_group
+from ..spmd.mode import get_collectives
 
 funcol = torch.ops._c10d_functional
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -41,7 +42,7 @@ _state = {"enabled": True}  # False once the ranks disagreed about a region (for
 
 def _in_regions() -> bool:
     return (_state["enabled"] and modes._state["mode"] == "defer_and_fuse"
-            and ccoll.get_collectives() == "in_graph")
+            and get_collectives() == "in_graph")
 
 
 def _same(x, *static):
@@ -88,7 +89,7 @@ class _Collective:
         self.outs = [(out_shape, dtype)]
         self.updated = ()
         self.ran = False  # its standalone executable ran (replay counts compiles by it)
-        lower = ccoll.LOWERINGS[op]
+        lower = LOWERINGS[op]
         jdt = to_jax_dtype(dtype)
 
         def program(bufs, scalars_, rngdata):
@@ -151,7 +152,7 @@ class _Written(_Collective):
         def fn(bufs, packed, rngdata):
             # op by op: the eager collective itself, checked and watched
             shapes = [_Shape(r[1], r[4]) for r in reads]
-            return write_back(bufs, pg._run(name, pkey, lambda: body, read(bufs), shapes))
+            return write_back(bufs, pg.launch(name, pkey, lambda: body, read(bufs), shapes))
 
         fn.codes = scalars.layout([])
         self.fn = fn
@@ -166,14 +167,12 @@ _written_low.mode = "inplace"
 
 def recording(pg) -> bool:
     """Whether a process-group collective of `pg` is recorded into the region."""
-    return _in_regions() and pg._size > 1 and not pg._p2p
+    return _in_regions() and pg.recording_allowed
 
 
 def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
     """Record `pg`'s collective `name` from `inputs` into `outputs` (tpu tensors) in the
     region; False (nothing recorded) when a tensor is not a tpu tensor of the table."""
-    from ..eager import deferred
-
     tensors_ = list(inputs) + list(outputs)
     if not all(t.device.type == "tpu" and t.numel() for t in tensors_):
         return False
@@ -206,7 +205,7 @@ _contexts: dict = {}
 def _context(pg):
     ctx = _contexts.get(id(pg))
     if ctx is None or ctx.group is not pg:
-        ctx = _contexts[id(pg)] = ccoll.Context(pg)
+        ctx = _contexts[id(pg)] = Context(pg)
     return ctx
 
 
@@ -225,13 +224,11 @@ def _kernel(op):
         x = args[0]
         pg = None
         if x.device.type == "tpu" and _in_regions():
-            pg = ccoll.tpu_group(args[-1])
+            pg = tpu_group(args[-1])
         if pg is None or pg.size() == 1 or not _even_splits(op, args):
             # PyTorch's own implementation: the process group's collective (it flushes
             # the region first), with its work registered for wait_tensor
             return op.redispatch(_CPU, *args)
-        from ..eager import deferred
-
         entry = storage.lookup(x)
         static = tuple(tuple(a) if isinstance(a, list) else a for a in args[1:])
         shape, stride, offset = tuple(x.shape), tuple(x.stride()), x.storage_offset()
@@ -250,10 +247,12 @@ _lib = None
 
 
 def install() -> None:
-    """Register the tpu kernels of the functional collectives (once, with the first group)."""
+    """Register the tpu kernels of the functional collectives and the runner of regions
+    with collectives (once, with the first group)."""
     global _lib
     if _lib is not None:
         return
+    deferred.set_collective_region_runner(RegionRunner())
     _lib = torch.library.Library("_c10d_functional", "IMPL")
     for op in _OPS:
         _lib.impl(op._opname, _kernel(op), "PrivateUse1")
@@ -299,11 +298,12 @@ def agree(ctx, fkey, nodes) -> bool:
     thing: this region is replayed op by op and later collectives run on their own, each
     checked as in strict mode. A peer that never posts ends in the process-group timeout."""
     pg = ctx.group
-    if pg._store is None:  # TORCHTPU_DIST_CHECK=0
+    agreement = pg.agreement
+    if agreement is None:  # TORCHTPU_DIST_CHECK=0
         return True
     digest, what = _summary(fkey, nodes)
     prog = f"REGION {digest}"
-    seq, sigs = pg._exchange(prog, what)
+    seq, sigs = agreement.exchange(prog, what)
     if all(v["prog"] == prog for v in sigs.values()):
         return True
     _state["enabled"] = False
@@ -318,16 +318,15 @@ def agree(ctx, fkey, nodes) -> bool:
 def run_region(ctx, fkey, nodes, fn, args):
     """Launch a fused region with collectives and hand its outputs to the distributed
     watchdog (a peer that dies mid-program ends in a timeout error, not a hang)."""
-    from . import backend
+    return ctx.group.launch_watched(_summary(fkey, nodes)[1], fn, *args)
 
-    pg = ctx.group
-    wd = backend._watchdog()
-    pg._seq += 1
-    desc = f"{_summary(fkey, nodes)[1]} (rank {pg._rank} of {pg._size}, seq {pg._seq})"
-    wd.dispatching = (desc, time.monotonic(), pg._timeout, None)
-    try:
-        results = fn(*args)
-    finally:
-        wd.dispatching = None
-    wd.add(desc, list(results), pg._timeout)
-    return results
+
+class RegionRunner:
+    """What eager/deferred calls for a region holding collectives
+    (spmd.region_runner.CollectiveRegionRunner); installed with the first group."""
+
+    def agree(self, ctx, fkey, nodes) -> bool:
+        return agree(ctx, fkey, nodes)
+
+    def run(self, ctx, fkey, nodes, fn, args):
+        return run_region(ctx, fkey, nodes, fn, args)

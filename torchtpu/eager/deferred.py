@@ -26,6 +26,8 @@ from ..ops import checks as _checks
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, pending, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
+from ..spmd.program import spmd as _spmd
+from ..spmd.region_runner import CollectiveRegionRunner
 from . import modes
 from . import scalars as _scalars
 from .origin import user_frame as _origin
@@ -164,9 +166,30 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
         return result
 
 
+# How a region with collectives is agreed on across ranks and launched: the process group
+# (distributed/, a layer above) installs it with its first group, so eager never imports it.
+_collective_runner: CollectiveRegionRunner | None = None
+
+
+def set_collective_region_runner(runner: CollectiveRegionRunner | None) -> None:
+    """Install (None: remove) what runs regions holding collectives (distributed/fused.py)."""
+    global _collective_runner
+    _collective_runner = runner
+
+
+def _region_runner() -> CollectiveRegionRunner:
+    if _collective_runner is None:
+        raise RuntimeError(
+            "torchtpu: defer_and_fuse: a collective was recorded into a region, but no runner for regions "
+            "with collectives is installed (torchtpu.distributed installs it when a 'tpu' process group is "
+            "created: dist.init_process_group('tpu'))")
+    return _collective_runner
+
+
 def record_collective(compiled, entries, low, ctx):
     """Record a collective over group context `ctx`; the region then runs as one SPMD
     program over that group's mesh (a region holds one group's collectives)."""
+    _region_runner()  # fail here, at the user's collective, not at a later host read
     with _lock:
         if _graph.collectives is not None and _graph.collectives is not ctx:
             flush("collective_group")
@@ -222,9 +245,7 @@ def _make_fused(nodes, out_refs, codes, donate, group=None):
         return results if flags is None else results + (flags,)
 
     if group is not None:
-        from ..compile import collectives
-
-        fn = collectives.spmd(fused, group, bool(donate))
+        fn = _spmd(fused, group, bool(donate))
     else:
         fn = jax.jit(fused, donate_argnums=(0,) if donate else ())
     return _Fused(fn, declared)
@@ -321,9 +342,7 @@ def flush(reason: str) -> None:
         fresh = fn is None
         try:
             if g.collectives is not None and not replay:
-                from ..distributed import fused as _dist_fused
-
-                replay = not _dist_fused.agree(g.collectives, fkey, g.nodes)
+                replay = not _region_runner().agree(g.collectives, fkey, g.nodes)
             flagged = ()
             if replay:
                 results, flagged = _replay(g, inputs, out_refs)
@@ -344,7 +363,7 @@ def flush(reason: str) -> None:
                 donated = donation.split(inputs, donate)
                 args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
                 if g.collectives is not None:
-                    results = _dist_fused.run_region(g.collectives, fkey, g.nodes, fn, args)
+                    results = _region_runner().run(g.collectives, fkey, g.nodes, fn, args)
                     metrics.bump("regions_with_collectives")
                 else:
                     results = fn(*args)

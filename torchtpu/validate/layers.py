@@ -42,15 +42,19 @@ from pathlib import Path
 # does). So it is the outermost adapter, above compile/distributed/kernels and below the
 # torchtpu facade, like a driver's registration that sits on top of the driver.
 # metrics.py (process-wide counters, stdlib only) is read by every layer: it is the floor.
-# compile, distributed and kernels are peers: none may import another (issue 14: what
-# compiled graphs, fused regions and the process group share moves to a spmd layer below
-# them; "spmd" is listed for that, it does not exist yet).
+# compile, distributed and kernels are peers: none may import another. What compiled
+# graphs, fused regions and the process group share is spmd/ (mesh axis, reduce kinds,
+# collective bodies, the SPMD program wrapper). It sits below eager/, not just below
+# compile/distributed: eager/deferred compiles a region with collectives through spmd(),
+# and spmd/ needs nothing of eager/ (pure JAX over a group seen through a Protocol). The
+# process-group side of such a region (cross-rank agreement, the watched launch) stays in
+# distributed/, which installs it into deferred as a hook (set_collective_region_runner).
 LAYERS: list[tuple[str, ...]] = [
     ("metrics",),                              # counters, stdlib only
     ("runtime",),                              # storage table, transfers, geometry, JAX env
     ("ops",),                                  # ATen -> JAX lowerings and their rules
+    ("spmd",),                                 # mesh axis, reduce kinds, collective bodies, spmd()
     ("eager",),                                # strict/debug/defer_and_fuse executors, fallback
-    ("spmd",),                                 # planned (issue 14): mesh axis, reduce kinds, collective bodies
     ("compile", "distributed", "kernels"),     # Dynamo backend, c10d backend, custom kernels
     ("device",),                               # binding into torch: registration, torch.tpu, autocast
     ("",),                                     # torchtpu/__init__.py: the public facade
@@ -68,29 +72,18 @@ MODULE_LAYERS: dict[str, tuple[str, str]] = {
 # One entry covers every import of that module in that file. Remove an entry when the
 # import goes (the test fails on a stale entry); never add one for new code without an
 # issue item that will remove it.
-_SPMD = "issue 14: a spmd layer below compile/ and distributed/ holds the mesh axis, reduce kinds and collective bodies"
-_HOOK = "issue 14: deferred hands regions with collectives to a hook distributed/ installs, instead of importing it"
 ALLOWED: dict[tuple[str, str], str] = {
-    # eager -> compile/distributed
-    ("torchtpu/eager/deferred.py", "torchtpu.compile.collectives"): _SPMD,
-    ("torchtpu/eager/deferred.py", "torchtpu.distributed.fused"): _HOOK,
+    # eager -> compile
     ("torchtpu/eager/control_flow.py", "torchtpu.compile.graph"): (
         "control flow (landed after issue 14): eager traces torch.cond/while_loop into compile's Program; "
         "the traced-program piece moves below eager (or compile installs it as a hook)"),
     ("torchtpu/eager/control_flow.py", "torchtpu.compile.decomps"): (
         "control flow (landed after issue 14): the decomposition table moves below eager with Program"),
-    # compile <-> distributed (peers)
-    ("torchtpu/compile/collectives.py", "torchtpu.distributed.backend"): _SPMD,
-    ("torchtpu/distributed/fused.py", "torchtpu.compile.collectives"): _SPMD,
 }
 
 # Modules in import cycles today (issue 14: "no import circle"). A module joining a cycle
 # fails the test; one that leaves every cycle must be removed here.
 KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
-    # eager/deferred <-> compile/distributed through fused collectives (issue 14: a spmd
-    # layer and a collective hook remove it)
-    "torchtpu.compile.collectives", "torchtpu.distributed.backend", "torchtpu.distributed.fused",
-    "torchtpu.eager.deferred",
     # runtime/storage <-> runtime/inflight: retiring a dropped storage's buffer, and inflight
     # reading the storage table back (lazy)
     "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
