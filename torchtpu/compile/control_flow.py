@@ -65,14 +65,43 @@ class Subgraph:
         self.random = self.program.n_random > 0
 
     def __call__(self, inputs, key=None):
-        # Device-side checks reported inside a body are values of the body's own trace
-        # (a loop iteration, a vmapped element) and cannot join the program's flag output
-        # as they are: they go to a collector of their own and are dropped, so bodies keep
-        # XLA's semantics (an out-of-range index is clamped) instead of leaking tracers.
-        with checks.collect():
+        """The body's outputs, and the device-side checks it declared: (outs, packed rows
+        or None, their Checks). A body's flags are values of its own trace (one branch,
+        one iteration), so the construct that calls it carries them out as outputs of its
+        own (see `_carried`) and hands them to the enclosing program's collector."""
+        outer = checks.active()
+        with checks.collect() as body:
             outs, _ = self.program(list(inputs), (), key=key)
-        outs = _leaves(outs)
-        return [_strong(o, v) for o, v in zip(outs, self.out_vals)]
+        outs = [_strong(o, v) for o, v in zip(_leaves(outs), self.out_vals)]
+        if outer is None or body is None or not body.rows:
+            return outs, None, []
+        return outs, body.packed(), list(body.checks)
+
+    def run(self, inputs, key=None):
+        """Called where the body runs once, inline: its checks join the program's directly."""
+        outs, packed, found = self(inputs, key)
+        checks.absorb(found, packed)
+        return outs
+
+    def declared(self, *example) -> int:
+        """How many check rows one call declares, learned by tracing it abstractly: a loop
+        carries their flags and a branch returns them, so their number is part of the
+        construct's types before the real trace."""
+        if checks.active() is None:
+            return 0
+        box = []
+
+        def probe(*a):
+            _, packed, found = self(*a)
+            box.append(len(found))
+            return packed
+
+        jax.eval_shape(probe, *example)
+        return box[0]
+
+
+def _no_flags(k):
+    return jnp.zeros((checks.ROW * k,), jnp.int64)
 
 
 class Node:
@@ -124,11 +153,30 @@ def _fold(key, i):
 def _cond(hop, key, pred, true_fn, false_fn, operands):
     t, f = hop.sub(true_fn), hop.sub(false_fn)
     if not _is_array(pred):  # a Python bool (a SymBool made concrete): no branch to trace
-        return (t if pred else f)(operands, key)
+        return (t if pred else f).run(operands, key)
     arrays, rebuild = _statics(operands)
-    return jax.lax.cond(
+    kt = t.declared(rebuild(arrays), key)
+    kf = f.declared(rebuild(arrays), key)
+    found = {}
+
+    # each branch returns the flag rows of both (zeros for the other's), so that the two
+    # have one output type; the taken branch's rows are the ones that can trip
+    def branch(sub, name, before, after):
+        def run(a):
+            outs, packed, got = sub(rebuild(a), key)
+            found[name] = got
+            if not (kt or kf):
+                return outs, None
+            parts = [_no_flags(before)] + ([packed] if got else []) + [_no_flags(after)]
+            return outs, jnp.concatenate(parts)
+        return run
+
+    outs, flags = jax.lax.cond(
         jnp.reshape(pred, ()).astype(jnp.bool_),
-        lambda a: t(rebuild(a), key), lambda a: f(rebuild(a), key), arrays)
+        branch(t, "t", 0, kf), branch(f, "f", kt, 0), arrays)
+    if flags is not None:
+        checks.absorb(found["t"] + found["f"], flags)
+    return outs
 
 
 def _carry(values, vals):
@@ -144,17 +192,24 @@ def _while_loop(hop, key, cond_fn, body_fn, carried, additional, **kwargs):
             "carry 0-d tensors instead")
     extra = list(additional)
     init = _carry(carried, b.out_vals)
+    k = b.declared(list(init) + extra, _fold(key, 1))
+    found = []
 
     def pred(state):
-        i, carry = state
-        return jnp.reshape(c(list(carry) + extra, _fold(key, 2 * i))[0], ()).astype(jnp.bool_)
+        i, carry, _ = state
+        # checks in the predicate are not carried (their flags would be values of a
+        # function whose only output is the loop's bool): XLA's semantics there
+        return jnp.reshape(c(list(carry) + extra, _fold(key, 2 * i))[0][0], ()).astype(jnp.bool_)
 
     def body(state):
-        i, carry = state
-        return i + 1, b(list(carry) + extra, _fold(key, 2 * i + 1))
+        i, carry, flags = state
+        outs, packed, got = b(list(carry) + extra, _fold(key, 2 * i + 1))
+        found[:] = got
+        return i + 1, outs, (checks.keep_first(flags, packed) if got else flags)
 
-    _, out = jax.lax.while_loop(pred, body, (jnp.int32(0), init))
+    _, out, flags = jax.lax.while_loop(pred, body, (jnp.int32(0), init, _no_flags(k)))
     assert len(out) == n
+    checks.absorb(found, flags)
     return list(out)
 
 
@@ -170,24 +225,34 @@ def _scan(hop, key, combine_fn, init, xs, additional):
     n = len(init)
     extra = list(additional)
     init = _carry(init, f.out_vals[:n])
+    k = f.declared(list(init) + [x[0] for x in xs] + extra, _fold(key, 0))
+    found = []
 
     def step(state, x):
-        i, carry = state
-        outs = f(list(carry) + list(x) + extra, _fold(key, i))
-        return (i + 1, outs[:n]), outs[n:]
+        i, carry, flags = state
+        outs, packed, got = f(list(carry) + list(x) + extra, _fold(key, i))
+        found[:] = got
+        return (i + 1, outs[:n], checks.keep_first(flags, packed) if got else flags), outs[n:]
 
-    (_, carry), ys = jax.lax.scan(step, (jnp.int32(0), init), list(xs))
+    (_, carry, flags), ys = jax.lax.scan(step, (jnp.int32(0), init, _no_flags(k)), list(xs))
+    checks.absorb(found, flags)
     return list(carry) + list(ys)
 
 
 def _map(hop, key, body_fn, xs, pos_args):
     f = hop.sub(body_fn)
     extra = list(pos_args)
+    k = f.declared([x[0] for x in xs] + extra, _fold(key, 0))
+    found = []
 
-    def step(i, x):
-        return i + 1, f(list(x) + extra, _fold(key, i))
+    def step(state, x):
+        i, flags = state
+        outs, packed, got = f(list(x) + extra, _fold(key, i))
+        found[:] = got
+        return (i + 1, checks.keep_first(flags, packed) if got else flags), outs
 
-    _, ys = jax.lax.scan(step, jnp.int32(0), list(xs))
+    (_, flags), ys = jax.lax.scan(step, (jnp.int32(0), _no_flags(k)), list(xs))
+    checks.absorb(found, flags)
     return list(ys)
 
 
@@ -197,7 +262,9 @@ def _associative_scan(hop, key, combine_fn, xs, additional_inputs):
     extra = list(additional_inputs)
     # the combine graph is traced on one slice (xs[0]) of each input; lax.associative_scan
     # combines whole runs of slices at a time, hence vmap over the leading dimension
-    one = jax.vmap(lambda *ab: tuple(f(list(ab) + extra, key)))
+    # checks inside the combine function stay XLA's semantics: its flags would be batched
+    # over the vmapped slices and over the tree of combines, with no first one to report
+    one = jax.vmap(lambda *ab: tuple(f(list(ab) + extra, key)[0]))
 
     def combine(a, b):
         return list(one(*a, *b))
@@ -207,7 +274,7 @@ def _associative_scan(hop, key, combine_fn, xs, additional_inputs):
 
 
 def _invoke_subgraph(hop, key, subgraph, identifier, *operands):
-    return hop.sub(subgraph)(operands, key)
+    return hop.sub(subgraph).run(operands, key)
 
 
 LOWERINGS = {

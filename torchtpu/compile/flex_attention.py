@@ -51,7 +51,9 @@ def _grid_mod(sub, n_bufs, shape, index_dtypes):
     idx = [jnp.arange(n, dtype=dt) for n, dt in zip(shape, index_dtypes)]
 
     def one(*args):
-        return sub(list(args), None)[0]
+        # outputs only: checks inside a score/mask mod would be flags batched over the
+        # vmapped grid, so they keep XLA's semantics (as associative_scan's combine)
+        return sub(list(args), None)[0][0]
 
     def over(score, bufs):
         lead = () if score is None else (score,)

@@ -128,6 +128,26 @@ def report(bad, v0=0, v1=0, *, exc=RuntimeError, message: Callable | str, op: st
     c.checks.append(Check(exc, message, op or c.op or "?", c.where, c.node))
 
 
+def absorb(found: list, packed) -> None:
+    """Rows a control-flow construct carried out of its branch or body (`packed` as
+    `Collector.packed` packs them, `found` their Checks) join the collector of the program
+    being traced, attributed to the node that holds the construct when they name none."""
+    c = getattr(_tls, "c", None)
+    if c is None or not found:
+        return
+    for i, chk in enumerate(found):
+        c.rows.append(packed[ROW * i: ROW * (i + 1)])
+        c.checks.append(Check(chk.exc, chk.message, chk.op, chk.where or c.where,
+                              c.node if chk.node is None else chk.node))
+
+
+def keep_first(old, new):
+    """Two packed flag arrays of the same checks merged row by row, keeping the row that
+    tripped first: a loop reports its earliest failing iteration, as CPU raises there."""
+    o, n = old.reshape(-1, ROW), new.reshape(-1, ROW)
+    return jnp.where(o[:, :1] != 0, o, n).reshape(-1)
+
+
 def first(mask, values):
     """The first element of `values` (flattened) where `mask` holds (0 if none)."""
     m = jnp.asarray(mask).reshape(-1)
