@@ -224,10 +224,17 @@ class CompiledGraph:
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
         tp = program_timing.start()  # nonzero only under torch.profiler
-        if donate:
-            outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
-        else:
-            outs, written, packed, flags = fn((), bufs, rngdata, host_values)
+        if t0 is not None:  # the first call compiles: not on an exhausted heap (XLA would abort)
+            _exe_cache.before_compile(f"tpu compiled graph {self.label}")
+        try:
+            if donate:
+                outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
+            else:
+                outs, written, packed, flags = fn((), bufs, rngdata, host_values)
+        except Exception as err:
+            if _exe_cache.is_out_of_memory(err):
+                raise _exe_cache.out_of_memory(err, f"tpu compiled graph {self.label}") from err
+            raise
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 
+from .. import metrics
 from ..runtime import storage
 
 _reserved_peak = {"bytes": 0}
@@ -66,7 +67,7 @@ def memory_stats() -> "collections.OrderedDict[str, int]":
         "allocation.all.current": storage.live_buffers(),
         "active.all.current": storage.live_buffers(),
         "num_alloc_retries": 0,
-        "num_ooms": 0,
+        "num_ooms": metrics.snapshot().get("out_of_memory", 0),
         "live_buffers": storage.live_buffers(),
     }
     return collections.OrderedDict(sorted(stats.items()))

@@ -23,6 +23,7 @@ import jax
 
 from .. import metrics
 from ..ops import checks as _checks
+from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, pending, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
@@ -352,6 +353,8 @@ def flush(reason: str) -> None:
                     _churning.update(g.fresh_per_key)
             else:
                 if fn is None:
+                    # a new program: not compiled on an exhausted heap (XLA would abort)
+                    _exe_cache.before_compile(f"a fused region of {len(g.nodes)} ops", (_fused_cache.clear,))
                     fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives)
                     _fused_cache[fkey] = fn
                     _bound_regions()
@@ -376,9 +379,16 @@ def flush(reason: str) -> None:
                 _fused_sigs.update(g.fresh)
         except Exception as err:
             _fused_cache.pop(fkey, None)
+            failure = err
+            if _exe_cache.is_out_of_memory(err):
+                last = _where(g.nodes[-1].origin) if g.nodes else None
+                failure = _exe_cache.out_of_memory(
+                    err, f"a fused region of {len(g.nodes)} ops" + (f" ending at {last}" if last else ""))
             for e, _ in live:
-                e.buf = Failed(err)
-            raise
+                e.buf = Failed(failure)
+            if failure is err:
+                raise
+            raise failure from err
         if t0:
             program_timing.ran(program_timing.region_name([n.name for n in g.nodes]), results, t0, fresh)
         leaf.commit([e for e, _ in live], dict(enumerate(results)))

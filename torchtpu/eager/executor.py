@@ -104,6 +104,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
     if compiled.partial:
         # held by the tuple and the storage entry only
         donate = tuple(i for i in compiled.partial if donation.exclusively_held(bufs, i, holders=1))
+    if not compiled.ran:  # this call compiles: not on an exhausted heap (XLA would abort)
+        _exe_cache.before_compile(describe(low, flat.tensors), (clear_cache,))
     t0 = program_timing.start()  # nonzero only under torch.profiler
     try:
         if donate:
@@ -128,9 +130,7 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
             n = cache_size()
             clear_cache()
             _exe_cache.evict({}, ())
-            raise torch.OutOfMemoryError(
-                f"torchtpu: out of memory running {describe(low, flat.tensors)}; released {n} cached "
-                f"executables (bound them with torchtpu.set_executable_limit): {err}") from err
+            raise _exe_cache.out_of_memory(err, describe(low, flat.tensors), n) from err
         raise user_error(err, low, flat.tensors, args, kwargs) from err
     if t0:
         program_timing.ran(low.name, (outs, updated), t0, not compiled.ran)

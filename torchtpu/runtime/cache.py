@@ -118,3 +118,88 @@ def is_out_of_memory(err: BaseException) -> bool:
     text = str(err)
     return isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Cannot allocate memory" in text \
         or "Out of memory" in text or "out of memory" in text
+
+
+# Host memory a compilation must find free before it starts. XLA's compiler (LLVM) does not
+# fail cleanly when an allocation fails: it aborts the process (std::bad_alloc, "Cannot
+# allocate memory", seen at a few thousand programs). So a compile that would start on an
+# exhausted heap first gives back every cached executable, and if that is not enough raises
+# torch.OutOfMemoryError instead. A floor, not a prediction of what a program needs.
+COMPILE_HEADROOM_MB = float(os.environ.get("TORCHTPU_COMPILE_HEADROOM_MB", "192"))
+
+
+def memory_left() -> float | None:
+    """Bytes this process may still allocate, the least of: the system's MemAvailable, the
+    cgroup's limit less its usage, the address-space limit (RLIMIT_AS) less what is mapped.
+    None when none of them can be read."""
+    import resource
+
+    left = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    left.append(int(line.split()[1]) * 1024)
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                left.append(int(limit) - int(f.read()))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        with open("/proc/self/statm") as f:
+            left.append(soft - int(f.read().split()[0]) * resource.getpagesize())
+    return min(left) if left else None
+
+
+def before_compile(what: str, release=()) -> None:
+    """Called before a new program is compiled (see COMPILE_HEADROOM_MB); `release` are the
+    caller's ways to drop its cached executables (the layers above own those caches)."""
+    need = COMPILE_HEADROOM_MB * 2**20
+    left = memory_left()
+    if left is None or left >= need:
+        return
+    import gc
+
+    import jax
+
+    for drop in release:
+        drop()
+    jax.clear_caches()
+    gc.collect()
+    _trim_heap()
+    left = memory_left()
+    if left is not None and left < need:
+        import torch
+
+        from ..metrics import bump
+
+        bump("out_of_memory")
+        raise torch.OutOfMemoryError(
+            f"torchtpu: out of memory for the compilation of {what}: {left / 2**20:.0f} MB of host memory "
+            f"left, under the {COMPILE_HEADROOM_MB:.0f} MB a compilation is given "
+            "(TORCHTPU_COMPILE_HEADROOM_MB); XLA's compiler would abort the process. Free tensors you no "
+            "longer need, or bound the compiled-program caches with torchtpu.set_executable_limit")
+
+
+def out_of_memory(err: BaseException, what: str, released: int = 0):
+    """What CUDA raises when device memory runs out, torch.OutOfMemoryError (a RuntimeError
+    that `except torch.OutOfMemoryError` catches), naming what ran and carrying XLA's text;
+    counted in torch.tpu.memory_stats()["num_ooms"]. Compiling or running one program failed,
+    nothing was written: the process, and every tensor the program did not write, go on."""
+    import torch
+
+    from ..metrics import bump
+
+    if isinstance(err, torch.OutOfMemoryError):  # said already (before_compile), by us
+        return err
+    bump("out_of_memory")
+    gave = f"; released {released} cached executables (bound them with torchtpu.set_executable_limit)" \
+        if released else ""
+    return torch.OutOfMemoryError(f"torchtpu: out of memory running {what}{gave}: {err}")

@@ -1,0 +1,89 @@
+"""Out of memory is a Python error, as on CUDA, never a crash (issue 16).
+
+A program whose buffers do not fit raises torch.OutOfMemoryError (a RuntimeError) naming
+what ran, in every mode, and is counted in memory_stats()["num_ooms"]. A compilation that
+would start on an exhausted heap (XLA's compiler aborts the process with std::bad_alloc
+there) first gives back cached executables, then raises torch.OutOfMemoryError. After
+either, the process keeps working."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.runtime import cache
+
+MODES = ["strict", "defer_and_fuse", "compile"]
+
+
+def _big():
+    y = torch.ones(2**36, device="tpu") * 2  # 256 GiB of float32, kept alive: it must exist
+    return y, y.sum()
+
+
+def _run(fn, mode):
+    if mode == "compile":
+        torch._dynamo.reset()
+        return torch.compile(fn, backend="tpu")()
+    with torchtpu.eager_mode(mode):
+        out = fn()
+        return [o.cpu() for o in out] if isinstance(out, tuple) else out.cpu()
+
+
+def _works():
+    torch.testing.assert_close((torch.arange(3.0, device="tpu") * 2).cpu(), torch.arange(3.0) * 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_program_that_does_not_fit_raises_out_of_memory(mode):
+    before = torch.tpu.memory_stats()["num_ooms"]
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory running"):
+        _run(_big, mode)
+    assert torch.tpu.memory_stats()["num_ooms"] == before + 1
+    _works()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_without_headroom_raises_instead_of_aborting(mode, monkeypatch):
+    x = torch.arange(5.0, device="tpu")
+    x.cpu()
+    # no machine has a petabyte free: every new compilation must refuse to start
+    monkeypatch.setattr(cache, "COMPILE_HEADROOM_MB", 2.0**30)
+
+    def new_program():
+        return (torch.cos(x * 1.2345) + 0.5,)  # a shape/op combination no other test compiles
+
+    with pytest.raises(torch.OutOfMemoryError, match="compilation of"):
+        _run(new_program, mode)
+    monkeypatch.undo()
+    got = _run(new_program, mode)
+    torch.testing.assert_close(got[0].cpu(), torch.cos(torch.arange(5.0) * 1.2345) + 0.5)
+
+
+@pytest.mark.slow
+def test_address_space_exhausted_during_compile_is_an_error_not_an_abort(tmp_path):
+    # the real thing: 50 MB of address space left; XLA's compiler would die with
+    # "terminate called after throwing an instance of 'std::bad_alloc'"
+    script = textwrap.dedent("""
+        import resource, torch, torchtpu
+        x = torch.ones(64, device="tpu"); (x * 2).cpu()
+        vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 50 * 2**20, resource.RLIM_INFINITY))
+        try:
+            with torchtpu.eager_mode("defer_and_fuse"):
+                y = x
+                for i in range(600):
+                    y = torch.sin(y * 1.0001 + i)
+                y.sum().cpu()
+            print("no error")
+        except torch.OutOfMemoryError as e:
+            print("OutOfMemoryError", e)
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print("after", (torch.arange(3.0, device="tpu") * 2).cpu().tolist())
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "OutOfMemoryError torchtpu: out of memory for the compilation of a fused region" in p.stdout, p.stdout
+    assert "after [0.0, 2.0, 4.0]" in p.stdout
