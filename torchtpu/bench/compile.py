@@ -109,6 +109,30 @@ def _torch_runner(model, batch, crit, device, backend=None):
     return step
 
 
+def _checks_as(on: bool, make):
+    """A runner whose setup and steps run with device-side checks `on` (a compiled graph
+    declares its flags when it is traced, on its first step), the global switch restored
+    after each step so that the other runs keep their own setting."""
+    def made():
+        import torchtpu
+        torchtpu.set_checks(on)
+        try:
+            step = make()
+        finally:
+            torchtpu.set_checks(True)
+
+        def checked_step():
+            torchtpu.set_checks(on)
+            try:
+                return step()
+            finally:
+                torchtpu.set_checks(True)
+
+        return checked_step
+
+    return made
+
+
 def _torch_loop(model, batch, crit, steps, device, backend=None):
     """Per-step seconds and losses of `steps` steps of a PyTorch training loop."""
     step = _torch_runner(model, batch, crit, device, backend)
@@ -163,6 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*", default=["gpt", "gpt-m", "resnet"], choices=["gpt", "gpt-m", "resnet"])
     ap.add_argument("--no-inductor", action="store_true", help="skip torch.compile with Inductor on the CPU")
     ap.add_argument("--no-cache", action="store_true", help="skip the cold/warm persistent-cache measurement")
+    ap.add_argument("--checks", action="store_true",
+                    help="also run torchtpu compile with device-side checks off (TORCHTPU_CHECKS=0), "
+                         "interleaved with checks on: the cost of the flags")
     args = ap.parse_args(argv)
     import torchtpu
 
@@ -176,7 +203,12 @@ def main(argv=None) -> int:
             variants.append(("torch.compile inductor cpu",
                              lambda: _torch_runner(model, batch, crit, "cpu", backend="inductor")))
         variants.append(("jax.jit", lambda: _jax_runner(model, batch, loss_fn)))
-        variants.append(("torchtpu compile", lambda: _torch_runner(model, batch, crit, "tpu", backend="tpu")))
+        ours = lambda: _torch_runner(model, batch, crit, "tpu", backend="tpu")  # noqa: E731
+        if args.checks:
+            variants.append(("torchtpu compile", _checks_as(True, ours)))
+            variants.append(("torchtpu compile, checks off", _checks_as(False, ours)))
+        else:
+            variants.append(("torchtpu compile", ours))
         torchtpu.reset_metrics()
         steps, times, losses = {}, {}, {}
         for label, make in variants:
@@ -201,7 +233,7 @@ def main(argv=None) -> int:
         for label in steps:
             ms = statistics.median(times[label]) * 1e3
             diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[label], ref_losses))
-            ours = label == "torchtpu compile"
+            ours = label.startswith("torchtpu compile")
             rows.append((name, label, ms, ms / base, diff, m.get("compile_graphs", 0) if ours else "",
                          m["cpu_fallbacks"] if ours else ""))
         if not args.no_cache and name != "gpt-m":  # the start-up story is gpt's and resnet's
@@ -217,6 +249,12 @@ def main(argv=None) -> int:
         print(f"{name:8} {label:28} {ms:9.2f} {ratio:7.2f} {diff:25.2e} {graphs!s:>7} {fb!s:>9}")
     print(f"(median of {per * args.rounds} timed steps per run, taken in {args.rounds} interleaved rounds after "
           f"{args.warmup} warm-up steps; loss diff over all steps)")
+    if args.checks:
+        print()
+        print(f"{'model':8} {'checks on / checks off (ms/step)':>34}")
+        for name in args.models:
+            ms = {label: v for n, label, v, *_ in rows if n == name}
+            print(f"{name:8} {ms['torchtpu compile'] / ms['torchtpu compile, checks off']:34.3f}")
     if starts:
         print()
         print(f"{'model':8} {'what (fresh process)':34} {'cold s':>8} {'warm s':>8} {'warm/cold':>10}")
