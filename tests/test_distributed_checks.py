@@ -64,6 +64,9 @@ def _worker(mode):
                 res["run"] = _section(_program, rank, world)
     except Exception:  # noqa: BLE001
         res["crash"] = traceback.format_exc()
+    m = torchtpu.metrics()
+    res["fused"] = m.get("regions_with_collectives", 0)
+    res["in_graph"] = m.get("in_graph_collective_graphs", 0)
     print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
 
@@ -74,6 +77,8 @@ def test_each_rank_reports_its_own_flags(mode):
     res = [multiproc.result(p) for p in job]
     for r in res:
         assert "crash" not in r, r["crash"]
+        # the checked gather and the all_reduce were one SPMD program
+        assert (r["in_graph"] if mode == "compile" else r["fused"]) > 0, r
     r0, r1 = (r["run"] for r in sorted(res, key=lambda r: r["rank"]))
     # CPU: gather of [0, 3] from 2 * arange(4) is [0, 6], + 1
     assert r0.get("value") == [1.0, 7.0], r0
