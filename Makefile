@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed-v1
 
 .PHONY: demo test test-all bench venv clean
 
-# setup.py and csrc/: `pip install -e .` compiles the C++ generator (torch.Generator(device="tpu"))
-$(STAMP): pyproject.toml setup.py csrc/generator.cpp
+# setup.py and csrc/: `pip install -e .` compiles the two C++ extensions (device generator, pinned factories)
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; never a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy pytest pytest-xdist expecttest transformers==5.24.0 accelerate==1.15.0 helion==1.5.1 tokamax==0.0.12
@@ -33,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python -m torchtpu.bench eager
 
 clean:
-	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so
+	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so torchtpu/device/_pinned_factories*.so

@@ -1,14 +1,18 @@
-"""Builds torchtpu's one C++ extension, torchtpu/runtime/_generator (csrc/generator.cpp).
+"""Builds torchtpu's two small C++ extensions: torchtpu/runtime/_generator
+(csrc/generator.cpp: torch.Generator(device="tpu")) and torchtpu/device/_pinned_factories
+(csrc/pinned_factories.cpp: torch.empty(..., pin_memory=True) and the factories over it).
 
 Everything else is declared in pyproject.toml. The extension links against the installed
 torch, so it is built with torch importable: `pip install --no-build-isolation -e .`
-(the Makefile's venv rule). No ninja: one source file compiles in well under a minute.
+(the Makefile's venv rule). No ninja: each source file compiles in well under a minute.
 """
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 setup(
-    ext_modules=[CppExtension("torchtpu.runtime._generator", ["csrc/generator.cpp"],
-                              extra_compile_args=["-O1"])],
+    ext_modules=[
+        CppExtension("torchtpu.runtime._generator", ["csrc/generator.cpp"], extra_compile_args=["-O1"]),
+        CppExtension("torchtpu.device._pinned_factories", ["csrc/pinned_factories.cpp"], extra_compile_args=["-O1"]),
+    ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
 )

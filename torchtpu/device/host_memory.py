@@ -11,14 +11,20 @@ getPinnedMemoryAllocator"). Their ATen kernels are served here instead:
   as CUDA's does; everything else runs PyTorch's own composite (redispatched at the
   CPU key, where it is the kernel; its allocations and copy_ dispatch by device).
 
+`torch.empty(..., pin_memory=True)` (and the factories over it: zeros, randn, tensor,
+empty_like, ...) never reaches Python: CPU allocation happens in C++. The extension
+`_pinned_factories` (csrc/pinned_factories.cpp) replaces the two BackendSelect kernels
+every CPU factory allocates through, routing a pinned allocation to `_pin_memory` here.
+
 The device-to-host copy itself completes before `.to("cpu", non_blocking=True)`
 returns. CUDA's contract (values are right once the user synchronizes) holds at
 once; the copy is not overlapped with the host because callers synchronize through
 `Stream.synchronize()` (torch.distributed.checkpoint does), which reaches the C++
 device guard, and a copy still in flight there would be read torn.
-`torch.empty(..., pin_memory=True)` still raises: CPU allocation never leaves C++.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -94,4 +100,9 @@ def install() -> None:
     _lib.impl("is_pinned", is_pinned, "CPU")
     _lib.impl("_pin_memory", _pin_memory, "CPU")
     _lib.impl("_to_copy", _to_copy, "PrivateUse1")
+    try:
+        from . import _pinned_factories  # noqa: F401  (importing it registers the kernels)
+    except ImportError as err:  # not built: pin_memory=True factories keep PyTorch's error
+        warnings.warn(f"torchtpu: torch.empty(..., pin_memory=True) is unavailable: the C++ extension "
+                      f"torchtpu/device/_pinned_factories is not built; run `make venv` ({err})")
     _done = True
