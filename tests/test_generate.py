@@ -98,3 +98,30 @@ def test_hf_static_cache_compiles_nothing_per_token(mode):
     assert torch.equal(out, ref)
     # a new cache size (32) and the ids' next bucket: a handful, not one per token
     assert new <= 12, new
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_hf_dynamic_cache_compiles_per_bucket(mode):
+    """Transformers' default DynamicCache grows K/V by torch.cat along dim 2 behind the heads:
+    the cache becomes dynamic (eager/dynamism.py), so a longer run compiles per bucket of
+    lengths, not per token; grouped-query heads reach the fused attention without repeat_kv."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    kw = dict(do_sample=False, num_beams=1, pad_token_id=0)
+    m = copy.deepcopy(model).to("tpu")
+    with torchtpu.eager_mode(mode):
+        c0 = _compiles()
+        m.generate(prompt.to("tpu"), max_new_tokens=8, min_new_tokens=8, **kw)  # lengths 9..16
+        c1 = _compiles()
+        out = m.generate(prompt.to("tpu"), max_new_tokens=56, min_new_tokens=56, **kw).cpu()  # ..64
+        new = _compiles() - c1
+    ref = model.generate(prompt, max_new_tokens=56, min_new_tokens=56, **kw)
+    assert torch.equal(out, ref)
+    # 48 more tokens cross two bucket edges (32, 64): a few programs each, not one per token
+    print(mode, "warm-up", c1 - c0, "new", new)
+    assert new <= (24 if mode == "strict" else 8), new

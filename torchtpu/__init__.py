@@ -31,6 +31,7 @@ _precision.sync()  # JAX's matmul precision follows torch's from the first progr
 
 _deferred.install_hooks()
 from .eager import control_flow as _control_flow  # noqa: E402
+from .eager import dynamism as _dynamism  # noqa: E402,F401 - growing KV caches become dynamic (eager/growth.py)
 
 _control_flow.register()  # torch.cond, while_loop, scan, ... on tpu tensors
 from .compile import flex_attention as _flex_attention  # noqa: E402

@@ -28,7 +28,7 @@ from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import storage, tensors
 from ..runtime.storage import _table
-from . import executor
+from . import executor, growth
 
 MIN_BUCKET = 16
 
@@ -252,3 +252,27 @@ def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
             low.args + [ArgInfo("dyn_n", "scalar", True, False)], low.promote, low.promote_args,
             low.static, low.random, low.mode, low.mutated, functional=low.functional)
     return syn
+
+
+# --- tensors growing by torch.cat (eager/growth.py recognises them): dynamic, unbounded ---
+
+def _auto(t: torch.Tensor, d: int, n: int, b: int) -> None:
+    """Mark `t` (a view of the first n of b positions along d of its storage) dynamic.
+    Not strict: an op with no rule runs on the true sizes, as it would unmarked."""
+    _marked[storage.lookup(t)] = Dyn(t.stride(d), n, b, 0, None, strict=False)
+    executor.dynamic = execute
+
+
+def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
+    """cat([a, b], d) of a tensor that grows along d behind dims of size > 1: `a` is padded
+    into a bucket once (one program for its size), then the cat rule appends in buckets."""
+    n = a.shape[d]
+    pad = [0, 0] * (a.dim() - d - 1) + [0, bucket(n) - n]
+    p = torch.constant_pad_nd(a, pad)
+    pa = tensors.alias(p, tuple(a.shape), p.stride(), 0)
+    _auto(pa, d, n, bucket(n))
+    return execute(low, ([pa, b], d), {}, run, run)
+
+
+growth.grow_dynamic = _grow
+growth.on_grown = _auto

@@ -25,6 +25,13 @@ from ..runtime import geometry, storage, tensors
 MIN_CAPACITY = 16
 _grown = weakref.WeakSet()  # storage entries a cat produced: their next cat may grow
 _append = None
+# eager/dynamism.py plugs in here (it needs the executor, which imports this module):
+# grow_dynamic(low, a, b, d, run) serves the growth of a tensor whose dims before the cat
+# dim are not all 1 (a KV cache (batch, heads, length, dim) growing along length), by
+# making it dynamic; on_grown(t, d, n, bucket) makes a bucketed result dynamic, so the ops
+# over it (a mask's reduction, ...) are bucketed too.
+grow_dynamic = None
+on_grown = None
 
 
 def _eligible(ts, dim):
@@ -41,7 +48,7 @@ def _eligible(ts, dim):
         return None
     d = dim % nd
     sa, sb = a.shape, b.shape
-    if any(sa[i] != 1 or sb[i] != 1 for i in range(d)) or sa[d + 1:] != sb[d + 1:]:
+    if sa[:d] != sb[:d] or sa[d + 1:] != sb[d + 1:]:
         return None
     return a, b, d
 
@@ -63,6 +70,10 @@ def cat(low, args, kwargs, run):
         if out.device.type == "tpu":
             _grown.add(storage.lookup(out))
         return out
+    if any(s != 1 for s in a.shape[:d]):  # not a prefix of a bigger storage: dynamic instead
+        if grow_dynamic is None:
+            return run(low, args, kwargs)
+        return grow_dynamic(low, a, b, d, run)
     global _append
     if _append is None:
         _append = LOWERINGS["torchtpu::grow_append"]
@@ -74,4 +85,6 @@ def cat(low, args, kwargs, run):
     shape = tuple(a.shape[:d]) + (n,) + tuple(a.shape[d + 1:])
     out = tensors.alias(flat, shape, geometry.contiguous_strides(shape), 0)
     _grown.add(storage.lookup(out))
+    if on_grown is not None:
+        on_grown(out, d, n, capacity // inner)
     return out

@@ -116,9 +116,26 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     return True
 
 
+def _packable_gqa(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
+    if attn_mask is not None or is_causal or dropout_p or type(query) is not torch.Tensor:
+        return False
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    hq, g = query.shape[1], key.shape[1]
+    return g != hq and g > 0 and hq % g == 0 and value.shape[1] == g and query.shape[0] == key.shape[0]
+
+
 @autograd_kernel("scaled_dot_product_attention")
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
+    if enable_gqa and _packable_gqa(query, key, value, attn_mask, dropout_p, is_causal):
+        # grouped-query heads without a mask: each key/value head's queries as rows of one
+        # head (rows are independent), so the fused op serves it (decoding with
+        # Transformers' DynamicCache passes enable_gqa and no mask)
+        b, hq, length, e = query.shape
+        g = key.shape[1]
+        out = scaled_dot_product_attention(query.reshape(b, g, hq // g * length, e), key, value, scale=scale)
+        return out.reshape(b, hq, length, value.shape[-1])
     if not _fusable(query, key, value, attn_mask, dropout_p, is_causal):
         return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
