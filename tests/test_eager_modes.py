@@ -203,14 +203,14 @@ def churn3(monkeypatch):
 
 
 def test_compile_storm_replays_op_by_op(defer, churn3):
-    # A growing tensor (a KV cache): every step's region has new shapes and never
+    # A tensor of a new length each step: every step's region has new shapes and never
     # repeats. Instead of compiling each such region fused, it is replayed op by op.
-    x, xc = torch.zeros(1, 4, device="tpu"), torch.zeros(1, 4)
+    # (Not a tensor growing by torch.cat: eager/dynamism.py buckets that one.)
     torch.tpu.synchronize()
     torchtpu.reset_metrics()
     for i in range(8):
-        x = torch.cat([x, torch.full((1, 4), float(i), device="tpu")])
-        xc = torch.cat([xc, torch.full((1, 4), float(i))])
+        x = torch.full((i + 2, 4), float(i), device="tpu")
+        xc = torch.full((i + 2, 4), float(i))
         s = (x * 2).sum(0)
     torch.testing.assert_close(s.cpu(), (xc * 2).sum(0))
     m = torchtpu.metrics()
@@ -226,11 +226,11 @@ def test_compile_storm_replays_op_by_op(defer, churn3):
 
 
 def test_replayed_region_error_names_issuing_op(defer, churn3, monkeypatch):
-    # a shape that changes every step (cat along dim 1 of 2 rows: not one eager/growth.py
-    # buckets, as it does the token ids' dim 0 of 1 row)
-    x = torch.zeros(2, 1, device="tpu")
+    # a shape that changes every step (new tensors, not a growing cat, which
+    # eager/growth.py and eager/dynamism.py bucket)
+    base, one = torch.zeros(2, 8, device="tpu"), torch.ones(2, 1, device="tpu")
     for i in range(4):
-        x = torch.cat([x, torch.ones(2, 1, device="tpu")], 1)
+        x = torch.cat([base[:, :i + 1], one], 1)
     y = x * 3  # issued here; this region is replayed op by op
     assert deferred._graph.churn and deferred._graph.nodes[-1].name == "mul.Tensor"
     node = deferred._graph.nodes[-1]
@@ -252,14 +252,12 @@ def test_an_op_whose_shape_keeps_changing_compiles_fast_and_stays_exact():
     # a KV cache growing by one each decoded token: after a few shapes of one op its
     # executables compile without LLVM optimizations (cheaper), same numbers
     torchtpu.reset_metrics()
-    k = torch.randn(1, 2, 1, 8)
-    kt = k.to("tpu")
+    # (a new tensor per length: a cache grown by torch.cat is bucketed by eager/dynamism.py)
     q = torch.randn(1, 2, 1, 8)
     qt = q.to("tpu")
-    for _ in range(8):
-        step = torch.randn(1, 2, 1, 8)
-        k = torch.cat([k, step], dim=2)
-        kt = torch.cat([kt, step.to("tpu")], dim=2)
+    for i in range(8):
+        k = torch.randn(1, 2, i + 2, 8)
+        kt = k.to("tpu")
         torch.testing.assert_close((qt @ kt.transpose(-1, -2)).softmax(-1).cpu(),
                                    (q @ k.transpose(-1, -2)).softmax(-1))
     assert torchtpu.metrics().get("fast_compiles", 0) >= 1

@@ -125,3 +125,20 @@ def test_hf_dynamic_cache_compiles_per_bucket(mode):
     # 48 more tokens cross two bucket edges (32, 64): a few programs each, not one per token
     print(mode, "warm-up", c1 - c0, "new", new)
     assert new <= (24 if mode == "strict" else 8), new
+
+
+@pytest.mark.slow
+def test_compiled_graph_takes_view_offsets_at_runtime():
+    """torch.compile(backend="tpu") of a function over a row of a bigger tensor: the row's
+    storage offset is a runtime value of the program (a decode step reading the cache at a
+    moving position), not one program per offset."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda r, s: (r * 2 + s).sum(), backend="tpu")
+    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    xt = x.to("tpu")
+    s = torch.randn(8, generator=torch.Generator().manual_seed(1))
+    st = s.to("tpu")
+    before = torchtpu.metrics().get("compile_graphs", 0)
+    got = torch.stack([f(xt[i], st) for i in range(40)]).cpu()
+    assert torchtpu.metrics().get("compile_graphs", 0) - before <= 2  # offset 0, then every other
+    torch.testing.assert_close(got, torch.stack([(x[i] * 2 + s).sum() for i in range(40)]))

@@ -38,6 +38,7 @@ def _signature(args, skip=frozenset()):
     sig = []
     bufs = []
     entries = []
+    offsets = []  # nonzero storage offsets: runtime values, not part of the signature
     table = storage._table
     for pos, a in enumerate(args):
         if pos in skip:
@@ -58,7 +59,7 @@ def _signature(args, skip=frozenset()):
                 entry = table[a.untyped_storage()._cdata]
             except KeyError:
                 entry = storage.lookup(a)  # raises the explanatory error
-            sig.append(("tpu", entry.numel, entry.dtype, leaf.leaf_of(a, pos)))
+            sig.append(("tpu", entry.numel, entry.dtype, leaf.leaf_of(a, pos, offsets)))
             b = entry.buf
             bufs.append(b if type(b) is jax.Array or isinstance(b, jax.Array) else transfer.buffer(entry))
             entries.append(entry)
@@ -78,7 +79,7 @@ def _signature(args, skip=frozenset()):
             entries.append(None)
         else:
             raise TypeError(f"torchtpu compile: unsupported graph input of type {type(a).__name__}")
-    return tuple(sig), bufs, entries
+    return tuple(sig), bufs, entries, offsets
 
 
 class CompiledGraph:
@@ -132,12 +133,15 @@ class CompiledGraph:
         reuse = self.reuse
         learned = {}
 
-        def run(donated, kept, rngdata, host_values):
+        def run(donated, kept, rngdata, host_values, offsets):
             bufs = donation.merge(donated, kept, donate)
             inputs = []
-            for s, b in zip(sig, bufs):
+            # input position -> its offset where that is a runtime value (the leaf's is None)
+            ofs = iter(range(len(offsets)))
+            at = {i: offsets[next(ofs)] for i, s in enumerate(sig) if s[0] == "tpu" and s[3].offset is None}
+            for i, (s, b) in enumerate(zip(sig, bufs)):
                 if s[0] == "tpu":
-                    inputs.append(leaf.read(bufs, s[3]))
+                    inputs.append(leaf.read(bufs, s[3], at.get(i)))
                 elif s[0] == "cpu":
                     inputs.append(b)
                 elif s[0] == "number":
@@ -156,7 +160,7 @@ class CompiledGraph:
                 if sig[i][0] == "cpu":
                     host.append((i, new))
                     continue
-                leaf.write(bufs, sig[i][3], new)
+                leaf.write(bufs, sig[i][3], new, at.get(i))
                 written[i] = bufs[i]
             # CPU inputs mutated in the graph (an optimizer's step counts) come back as one
             # array, so writing them back costs one transfer, not one per tensor
@@ -186,7 +190,9 @@ class CompiledGraph:
     def __call__(self, args):
         args = list(args)
         host = self.program.host
-        sig, bufs, entries = _signature(args, host.host_only if host is not None else frozenset())
+        sig, bufs, entries, offsets = _signature(args, host.host_only if host is not None else frozenset())
+        # a view's nonzero offset rides as a runtime value: one program for every offset
+        offsets = np.asarray(offsets, np.int64) if offsets else ()
         host_values = ()
         host_outs = ()
         if host is not None:
@@ -217,7 +223,7 @@ class CompiledGraph:
                     bump("compiles")
                     bump("compile_graphs")
                     _maybe_dump(self, fn, [bufs[i] for i in donate],
-                                [None if i in donate else b for i, b in enumerate(bufs)], host_values)
+                                [None if i in donate else b for i, b in enumerate(bufs)], host_values, offsets)
         else:
             bump("cache_hits")
         fn, learned = got
@@ -228,9 +234,9 @@ class CompiledGraph:
             _exe_cache.before_compile(f"tpu compiled graph {self.label}")
         try:
             if donate:
-                outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values)
+                outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values, offsets)
             else:
-                outs, written, packed, flags = fn((), bufs, rngdata, host_values)
+                outs, written, packed, flags = fn((), bufs, rngdata, host_values, offsets)
         except Exception as err:
             if _exe_cache.is_out_of_memory(err):
                 raise _exe_cache.out_of_memory(err, f"tpu compiled graph {self.label}") from err
@@ -358,12 +364,12 @@ def _write_host(args, host, packed) -> None:
         pos += n
 
 
-def _maybe_dump(compiled: CompiledGraph, fn, donated, kept, host_values=()) -> None:
+def _maybe_dump(compiled: CompiledGraph, fn, donated, kept, host_values=(), offsets=()) -> None:
     path = os.environ.get("TORCHTPU_DUMP_STABLEHLO")
     if not path and not _dumping:
         return
     rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()
-    text = fn.lower(donated, kept, rngdata, host_values).as_text()
+    text = fn.lower(donated, kept, rngdata, host_values, offsets).as_text()
     for sink in _dumping:
         sink.append((compiled.label, text))
     if path:
