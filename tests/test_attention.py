@@ -65,6 +65,7 @@ def _ops_run() -> int:
     dict(scale=0.3),
     dict(dtype=torch.bfloat16, is_causal=True),
     dict(dtype=torch.float16, mask="float"),
+    dict(Hk=2, enable_gqa=True),  # grouped-query heads, no mask: queries packed per key head
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) or "plain")
 def test_sdpa_is_one_fused_op_each_way_and_matches_cpu(no_fallback, case):
     case = dict(case)
@@ -74,7 +75,7 @@ def test_sdpa_is_one_fused_op_each_way_and_matches_cpu(no_fallback, case):
 
 
 @pytest.mark.parametrize("case", [
-    dict(Hk=2, enable_gqa=True),  # grouped-query heads
+    dict(Hk=2, enable_gqa=True, mask="bool"),  # grouped-query heads with a mask
     dict(dropout_p=0.0, mask="float", mask_grad=True),
 ])
 def test_sdpa_calls_the_fused_op_cannot_serve_take_the_composite(no_fallback, case):

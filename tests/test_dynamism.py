@@ -94,7 +94,7 @@ def test_reductions(mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
 def test_softmax_and_attention(mode):
     def make(n):
         return [torch.randn(1, 2, n, 8, generator=_g(n)), torch.randn(1, 2, n, 8, generator=_g(n + 1)),
