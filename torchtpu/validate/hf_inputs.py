@@ -1,0 +1,220 @@
+"""Dummy inputs for a tiny Hugging Face model: candidate input dicts per modality (the first the
+CPU reference accepts is used), and the modality a model is reported under."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from . import hf_configs as C
+
+
+def _get(cfg, *names, default=None):
+    for n in names:
+        v = getattr(cfg, n, None)
+        if v is not None:
+            return v
+    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config"):
+        s = getattr(cfg, sub, None)
+        if s is not None and not isinstance(s, dict):
+            for n in names:
+                v = getattr(s, n, None)
+                if v is not None:
+                    return v
+    return default
+
+
+def modality(model) -> str:
+    name = getattr(model, "main_input_name", "input_ids")
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else "input_ids"
+    cfg = model.config
+    if name == "input_ids":
+        if getattr(cfg, "vision_config", None) is not None or getattr(cfg, "audio_config", None) is not None:
+            return "multimodal"
+        return "text"
+    if name in ("pixel_values", "pixel_values_videos", "images"):
+        return "vision"
+    if name in ("input_features", "input_values", "audio_values", "spectrogram"):
+        return "audio"
+    if name in ("past_values",):
+        return "time-series"
+    return "other"
+
+
+def _class_modality(cls_name: str) -> str:
+    """The modality from the class alone (before the model is built; refined by modality())."""
+    try:
+        import transformers
+
+        cls = getattr(transformers, cls_name)
+        name = getattr(cls, "main_input_name", "input_ids")
+        cfg_cls = getattr(cls, "config_class", None)
+    except Exception:  # e.g. a class that needs a missing optional library
+        return "unknown"
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else "input_ids"
+    if name == "input_ids" and cfg_cls is not None and any(
+            k in getattr(cfg_cls, "sub_configs", {}) for k in ("vision_config", "audio_config")):
+        return "multimodal"
+    return {"input_ids": "text", "pixel_values": "vision", "pixel_values_videos": "vision",
+            "images": "vision", "input_features": "audio", "input_values": "audio",
+            "audio_values": "audio", "past_values": "time-series"}.get(name, "other")
+
+
+def make_inputs(model, variant: str) -> list[dict]:
+    """Candidate dummy inputs for `model`, on CPU, from a fixed seed: the first that the CPU
+    reference accepts is used (layouts differ between model families with the same main input)."""
+    t = C.TINY
+    cfg = model.config
+    g = torch.Generator().manual_seed(1234)
+    params = inspect.signature(model.forward).parameters
+    name = getattr(model, "main_input_name", "input_ids")
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else "input_ids"
+    if name not in params:  # sub-models that keep the default main_input_name: their first input
+        name = next((n for n in C.MAIN_INPUTS if n in params), name)
+    b, s = t["batch"], t["seq"]
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
+
+    def ids(n):
+        lo = 3 if vocab > 8 else 0
+        return torch.randint(lo, max(vocab - 4, lo + 1), (b, n), generator=g)
+
+    def text():
+        d = {"input_ids": ids(s)}
+        if "attention_mask" in params:
+            mask = torch.ones(b, s, dtype=torch.long)
+            mask[1, -2:] = 0  # right padding in the second row
+            d["attention_mask"] = mask
+        return d
+
+    def pixels(key="pixel_values", video=False):
+        vc = getattr(cfg, "vision_config", None) or cfg
+        if isinstance(vc, dict):
+            vc = cfg
+        ch = _get(vc, "num_channels", "in_channels", "in_chans", default=3)
+        size = _get(vc, "image_size", "img_size", "input_size", default=t["image"])
+        if isinstance(size, dict):
+            size = size.get("height", t["image"])
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        if video:
+            return {key: torch.randn(b, _get(vc, "num_frames", default=4), ch, h, w, generator=g)}
+        return {key: torch.randn(b, ch, h, w, generator=g)}
+
+    def patches(key):
+        """Flattened patches + grid_thw (Qwen2-VL-style vision towers): 2 images of 4x4 patches."""
+        vc = getattr(cfg, "vision_config", None) or cfg
+        ch = _get(vc, "in_channels", "in_chans", "num_channels", default=3)
+        tps = _get(vc, "temporal_patch_size", default=1)
+        ps = _get(vc, "patch_size", default=t["patch"])
+        tps = tps[0] if isinstance(tps, (list, tuple)) else tps
+        ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+        m = _get(vc, "spatial_merge_size", default=2)
+        grid = torch.tensor([[1, 2 * m, 2 * m]] * b)
+        n = int(grid.prod(-1).sum())
+        return {key: torch.randn(n, ch * tps * ps * ps, generator=g), grid_key: grid}
+
+    grid_key = next((k for k in ("grid_thw", "image_grid_thw") if k in params), None)
+    cands: list[dict] = []
+    if grid_key and name in ("hidden_states", "pixel_values"):
+        cands.append(patches(name))
+    if name == "input_ids":
+        cands.append(text())
+        if "pixel_values" in params:  # vision-language models whose forward needs an image
+            cands.append({**text(), **pixels()})
+    elif name == "hidden_states" and grid_key:
+        pass
+    elif name in ("pixel_values", "images", "pixel_values_videos"):
+        if "spatial_shapes" in params:  # NaFlex (SigLIP2): patchified pixels + mask + patch grid
+            vc = getattr(cfg, "vision_config", None) or cfg
+            ps = _get(vc, "patch_size", default=t["patch"])
+            ch = _get(vc, "num_channels", default=3)
+            n = 16
+            cands.append({name: torch.randn(b, n, ch * ps * ps, generator=g),
+                          "pixel_attention_mask": torch.ones(b, n, dtype=torch.long),
+                          "spatial_shapes": torch.tensor([[4, 4]] * b)})
+        if _get(cfg, "num_frames") is not None or name == "pixel_values_videos":
+            cands.append(pixels(name, video=True))
+        cands.append(pixels(name))
+        if "input_ids" in params:
+            cands += [{**pixels(name), **text()}]
+    elif name == "input_features":
+        bins = _get(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
+        src = _get(cfg, "max_source_positions", default=None)
+        frames = 2 * src if isinstance(src, int) and src <= 64 else t["audio_frames"]
+        x = torch.randn(b, bins, frames, generator=g)
+        cands.append({name: x})
+        cands.append({name: x.transpose(1, 2).contiguous()})
+        for mk in ("attention_mask", "input_features_mask"):
+            if mk in params:
+                ones = torch.ones(b, frames, dtype=torch.long)
+                cands += [{name: x.transpose(1, 2).contiguous(), mk: ones}, {name: x, mk: ones},
+                          {name: x, mk: ones.bool()}]
+    elif name == "input_values":
+        if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):  # spectrogram transformers
+            cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
+        x = torch.randn(b, t["audio_samples"], generator=g)
+        cands += [{name: x}, {name: x[:, None]}]
+    elif name == "inputs_embeds":
+        hidden = _get(cfg, "hidden_size", "d_model", default=t["hidden"])
+        cands.append({name: torch.randn(b, s, hidden, generator=g)})
+    elif name == "past_values":
+        cands += _time_series(cfg, params, b, g)
+    else:
+        raise _NoRecipe(f"no dummy-input recipe for main input {name!r}")
+    if "noise" in params and name == "pixel_values":  # random patch masking (ViT-MAE): the same noise both sides
+        vc = getattr(cfg, "vision_config", None) or cfg
+        size = _get(vc, "image_size", default=t["image"])
+        ps = _get(vc, "patch_size", default=t["patch"])
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+        noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
+        cands = [dict(c, noise=noise) for c in cands] + cands
+    if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
+        q = ids(s)
+        for c in cands:
+            c.setdefault("qformer_input_ids", q)
+    if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        dec = ids(t["decoder_seq"])
+        for c in cands:
+            c["decoder_input_ids"] = dec
+    return cands
+
+
+def _time_series(cfg, params, b: int, g) -> list[dict]:
+    """Forecasting models: a context window of values (plus time features, observed mask and the
+    future window for the encoder-decoder forecasters)."""
+    ctx = getattr(cfg, "context_length", None) or 32
+    pred = getattr(cfg, "prediction_length", None) or 4
+    ch = getattr(cfg, "num_input_channels", None) or getattr(cfg, "input_size", None) or 1
+    out = []
+    if "past_time_features" in params:  # informer / autoformer / time-series-transformer
+        n = ctx + max(getattr(cfg, "lags_sequence", None) or [0])
+        nt = getattr(cfg, "num_time_features", 0) or 0
+        shape = (b, n) if ch == 1 else (b, n, ch)
+        d = {"past_values": torch.randn(*shape, generator=g),
+             "past_time_features": torch.randn(b, n, nt, generator=g),
+             "past_observed_mask": torch.ones(*shape)}
+        fshape = (b, pred) if ch == 1 else (b, pred, ch)
+        if "future_values" in params:
+            d["future_values"] = torch.randn(*fshape, generator=g)
+        if "future_time_features" in params:
+            d["future_time_features"] = torch.randn(b, pred, nt, generator=g)
+        for k, cnt in (("static_categorical_features", "num_static_categorical_features"),
+                       ("static_real_features", "num_static_real_features")):
+            c = getattr(cfg, cnt, 0) or 0
+            if c and k in params:
+                d[k] = torch.zeros(b, c, dtype=torch.long) if "categorical" in k else torch.randn(b, c, generator=g)
+        out.append(d)
+    out.append({"past_values": torch.randn(b, ctx, ch, generator=g)})  # patchtst / patchtsmixer
+    out.append({"past_values": torch.randn(b, ctx, generator=g)})      # timesfm
+    if "past_values_padding" in params:
+        out.append({"past_values": torch.randn(b, ctx, generator=g), "past_values_padding": torch.zeros(b, ctx),
+                    "freq": torch.zeros(b, 1, dtype=torch.long)})
+    return out
+
+
+class _NoRecipe(Exception):
+    pass

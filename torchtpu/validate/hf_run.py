@@ -1,0 +1,221 @@
+"""One model check: the CPU reference (tiny config, random weights, dummy inputs), the same model
+on tpu in one mode, forward compared, then backward and greedy generate where the head has them."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+import warnings
+
+import torch
+
+import torchtpu
+
+from . import hf_configs as C
+from .hf_compare import SEED, Result, _failing_op, _short, compare
+from .hf_inputs import _class_modality, _NoRecipe, make_inputs, modality
+from .hf_tiny import tiny_config
+from .timeout import Timeout as _Timeout, time_limit as _time_limit
+
+
+def compile_available() -> bool:
+    try:
+        import torch._dynamo
+
+        return "tpu" in torch._dynamo.list_backends(exclude_tags=())
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def _mode(mode: str | None):
+    if mode is None:  # the current eager mode
+        yield
+    elif mode == "compile":
+        with torchtpu.eager_mode("strict"):
+            yield
+    else:
+        with torchtpu.eager_mode(mode):
+            yield
+
+
+def _metrics():
+    m = torchtpu.metrics()
+    return m.get("cpu_fallbacks", 0), dict(m.get("fallback_ops", {}))
+
+
+def _compiles() -> int:
+    return int(torchtpu.metrics().get("compiles", 0))
+
+
+def _merge(into: dict, fb: dict, prefix=""):
+    for k, v in fb.items():
+        into[prefix + k] = into.get(prefix + k, 0) + v
+
+
+def build(model_type: str, cls_name: str, attn: str | None = None):
+    import transformers
+
+    cfg = tiny_config(model_type)
+    cls = getattr(transformers, cls_name)
+    want = getattr(cls, "config_class", None)
+    if isinstance(want, type) and not isinstance(cfg, want):
+        # a head registered for a composite config that takes its text sub-config (qwen3_5 causal-LM)
+        sub = getattr(cfg, "text_config", None)
+        if isinstance(sub, want):
+            cfg = sub
+    torch.manual_seed(0)
+    kw = {"attn_implementation": attn} if attn else {}
+    model = cls._from_config(cfg, dtype=torch.float32, **kw)
+    return model.eval()
+
+
+def reference(model_type: str, variant: str, cls_name: str, attn: str | None = None,
+              pristine: list | None = None):
+    """(model, inputs, outputs) on CPU: the tiny model and the first dummy inputs it accepts.
+    `pristine` gets a copy of the model taken before any forward: modules that cache tensors in
+    plain attributes on their first call (mimi's codebook `_embed`) would otherwise carry a CPU
+    tensor that Module.to() does not move."""
+    model = build(model_type, cls_name, attn)
+    if pristine is not None:
+        pristine.append(copy.deepcopy(model))
+    first = None
+    for inputs in make_inputs(model, variant):
+        try:
+            with torch.no_grad():
+                torch.manual_seed(SEED)
+                return model, inputs, model(**inputs)
+        except _Timeout:
+            raise
+        except Exception as e:
+            first = first or e
+    raise first
+
+
+def run_model(model_type: str, variant: str, cls_name: str, mode: str | None = "defer_and_fuse",
+              attn: str | None = None, backward: bool = True, generate: bool = False,
+              timeout: int = 240) -> Result:
+    res = Result(model_type, variant, cls_name)
+    t0 = time.perf_counter()
+    try:
+        with _time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _run(res, mode, attn, backward, generate)
+    except _Timeout as e:
+        if res.state in ("skipped", "match") and not res.detail:
+            res.state, res.detail = ("tpu-error", f"{e} (phase: {res.failing_op or 'tpu'})")
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
+    if res.model_type in C.SKIP:
+        res.detail = C.SKIP[res.model_type]
+        return
+    if mode == "compile" and not compile_available():
+        res.detail = "compile mode not available: no torch.compile backend 'tpu' registered"
+        return
+    # CPU reference: config, model, inputs, forward.
+    res.failing_op = "cpu"
+    res.modality = _class_modality(res.cls)
+    try:
+        fresh: list = []
+        model, inputs, expected = reference(res.model_type, res.variant, res.cls, attn, pristine=fresh)
+        res.modality = modality(model)
+        res.attn = str(getattr(model.config, "_attn_implementation", "") or "")
+    except _NoRecipe as e:
+        res.state, res.detail, res.failing_op = "skipped", str(e), ""
+        return
+    except _Timeout:
+        raise
+    except Exception as e:
+        res.state, res.detail, res.failing_op = "cpu-error", f"{type(e).__name__}: {_short(e)}", ""
+        return
+    # The same weights and inputs on tpu.
+    res.failing_op = "tpu"
+    tinputs = {k: v.to("tpu") for k, v in inputs.items()}
+    torchtpu.reset_metrics()
+    try:
+        with _mode(mode):
+            tmodel = fresh.pop().to("tpu")
+            fwd = torch.compile(tmodel, backend="tpu") if mode == "compile" else tmodel
+            with torch.no_grad():
+                torch.manual_seed(SEED)
+                actual = fwd(**tinputs)
+            state, detail, res.max_abs, res.max_rel = compare(actual, expected)
+    except _Timeout:
+        raise
+    except Exception as e:
+        res.state = "tpu-error"
+        res.failing_op = _failing_op(e)
+        res.detail = f"{type(e).__name__}: {_short(e)}"
+        res.cpu_fallbacks, res.fallback_ops = _metrics()
+        return
+    res.cpu_fallbacks, res.fallback_ops = _metrics()
+    res.compiles = _compiles()
+    res.state, res.detail, res.failing_op = state, detail, ""
+    if res.variant == "causal-lm" and backward:
+        res.backward, res.backward_detail = _backward(model, tmodel, inputs, tinputs, mode, res, fwd)
+    if res.variant == "causal-lm" and generate:
+        res.generate, res.generate_detail = _generate(model, tmodel, inputs, tinputs, mode, res)
+
+
+def _backward(model, tmodel, inputs, tinputs, mode, res, call=None) -> tuple[str, str]:
+    try:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(SEED)
+        loss = model(**inputs, labels=inputs["input_ids"]).loss
+        loss.backward()
+    except Exception as e:
+        return "cpu-error", f"{type(e).__name__}: {_short(e)}"
+    torchtpu.reset_metrics()
+    try:
+        with _mode(mode):
+            tmodel.zero_grad(set_to_none=True)
+            torch.manual_seed(SEED)
+            tloss = (tmodel if call is None else call)(**tinputs, labels=tinputs["input_ids"]).loss
+            tloss.backward()
+            grads_t = {n: p.grad for n, p in tmodel.named_parameters() if p.grad is not None}
+            grads_c = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            both = sorted(set(grads_t) & set(grads_c))
+            state, detail, _, _ = compare({"loss": tloss, **{n: grads_t[n] for n in both}},
+                                          {"loss": loss, **{n: grads_c[n] for n in both}}, grads=True)
+            missing = sorted(set(grads_t) ^ set(grads_c))
+            if missing and state == "match":
+                state, detail = "mismatch", f"gradient presence differs: {missing[:3]}"
+    except _Timeout:
+        raise
+    except Exception as e:
+        return "tpu-error", f"{_failing_op(e)} {type(e).__name__}: {_short(e)}".strip()
+    _, fb = _metrics()
+    _merge(res.fallback_ops, fb, "backward:")
+    return state, detail
+
+
+def _generate(model, tmodel, inputs, tinputs, mode, res) -> tuple[str, str]:
+    ids = inputs["input_ids"]
+    kw = dict(max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8)
+    pad = model.generation_config.pad_token_id
+    if pad is None:
+        eos = model.generation_config.eos_token_id
+        kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    mask = torch.ones_like(ids)  # every row full: greedy decoding without padding ambiguity
+    try:
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    except Exception as e:
+        return "cpu-error", f"{type(e).__name__}: {_short(e)}"
+    torchtpu.reset_metrics()
+    try:
+        with _mode(mode), torch.no_grad():
+            actual = tmodel.generate(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+        actual = actual.cpu()
+    except _Timeout:
+        raise
+    except Exception as e:
+        return "tpu-error", f"{_failing_op(e)} {type(e).__name__}: {_short(e)}".strip()
+    _, fb = _metrics()
+    _merge(res.fallback_ops, fb, "generate:")
+    if actual.shape == expected.shape and torch.equal(actual, expected):
+        return "match", ""
+    return "mismatch", f"tokens differ: tpu {actual[:, ids.shape[1]:].tolist()} cpu {expected[:, ids.shape[1]:].tolist()}"
