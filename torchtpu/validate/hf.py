@@ -39,11 +39,14 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", help="write a markdown report here (e.g. docs/hf.md), with a PNG chart")
     p.add_argument("--models", nargs="*", help="model types (default: every type in the auto mappings)")
     p.add_argument("--subset", action="store_true", help="the representative subset make test runs")
-    p.add_argument("--mode", default="defer_and_fuse", choices=MODES)
-    p.add_argument("--variants", nargs="*", default=["base", "head"], choices=["base", "head"])
+    p.add_argument("--mode", default="defer_and_fuse", choices=MODES,
+                   help="an eager mode, compile, or cpu: the coverage pass (CPU reference only, no tpu)")
+    p.add_argument("--variants", nargs="*", default=["base", "head"], choices=["base", "head", "heads"],
+                   help="base model, first head (HEAD_PRIORITY), every head class of the type")
     p.add_argument("--attn", choices=["eager", "sdpa"], help="force attn_implementation (default: config's)")
     p.add_argument("--no-backward", action="store_true")
-    p.add_argument("--generate", action="store_true", help="greedy generate(max_new_tokens=8) on causal LMs")
+    p.add_argument("--generate", action="store_true",
+                   help="greedy generate(max_new_tokens=8) on causal-LM and encoder-decoder heads")
     p.add_argument("--timeout", type=int, default=180, help="seconds per model (soft, in the worker)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (0: in this process)")
     p.add_argument("--limit", type=int, help="first N model types only (with --shuffle: N at random)")

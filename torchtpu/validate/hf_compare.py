@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-STATES = ("match", "mismatch", "tpu-error", "cpu-error", "skipped")
-MODES = ("strict", "defer_and_fuse", "compile")
+# cpu-ok: the coverage pass (--mode cpu) ran the CPU reference only, and it worked.
+STATES = ("match", "mismatch", "tpu-error", "cpu-error", "skipped", "cpu-ok")
+MODES = ("cpu", "strict", "defer_and_fuse", "compile")
 # float32 tolerances, one place. Both sides compute in float32 from identical weights; XLA:CPU and
 # ATen differ in accumulation order (matmul blocking, reductions, fused softmax/layer-norm) and in
 # transcendental implementations (exp/erf/tanh), ~1e-6 relative per op. Tiny 2-layer models with

@@ -150,6 +150,65 @@ HEAD_PRIORITY = (
     ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES"),
     ("image-text-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
 )
+# Every other head mapping of modeling_auto (`--variants heads` runs each distinct class a type
+# has). A class listed under several mappings runs once, under the first name here (base first).
+HEADS = HEAD_PRIORITY + (
+    ("token-cls", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    ("qa", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("multiple-choice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
+    ("next-sentence", "MODEL_FOR_NEXT_SENTENCE_PREDICTION_MAPPING_NAMES"),
+    ("pretraining", "MODEL_FOR_PRETRAINING_MAPPING_NAMES"),
+    ("multimodal-lm", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"),
+    ("audio-frame-cls", "MODEL_FOR_AUDIO_FRAME_CLASSIFICATION_MAPPING_NAMES"),
+    ("audio-xvector", "MODEL_FOR_AUDIO_XVECTOR_MAPPING_NAMES"),
+    ("video-cls", "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES"),
+    ("masked-image", "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES"),
+    ("causal-image", "MODEL_FOR_CAUSAL_IMAGE_MODELING_MAPPING_NAMES"),
+    ("semantic-seg", "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES"),
+    ("instance-seg", "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES"),
+    ("universal-seg", "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES"),
+    ("image-seg", "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES"),
+    ("object-detection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"),
+    ("zero-shot-detection", "MODEL_FOR_ZERO_SHOT_OBJECT_DETECTION_MAPPING_NAMES"),
+    ("zero-shot-image-cls", "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("depth", "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES"),
+    ("normal-estimation", "MODEL_FOR_NORMAL_ESTIMATION_MAPPING_NAMES"),
+    ("pointmap", "MODEL_FOR_POINTMAP_ESTIMATION_MAPPING_NAMES"),
+    ("pose", "MODEL_FOR_POSE_ESTIMATION_MAPPING_NAMES"),
+    ("keypoint-detection", "MODEL_FOR_KEYPOINT_DETECTION_MAPPING_NAMES"),
+    ("keypoint-matching", "MODEL_FOR_KEYPOINT_MATCHING_MAPPING_NAMES"),
+    ("mask-generation", "MODEL_FOR_MASK_GENERATION_MAPPING_NAMES"),
+    ("image-matting", "MODEL_FOR_IMAGE_MATTING_MAPPING_NAMES"),
+    ("image-to-image", "MODEL_FOR_IMAGE_TO_IMAGE_MAPPING_NAMES"),
+    ("backbone", "MODEL_FOR_BACKBONE_MAPPING_NAMES"),
+    ("vqa", "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("doc-qa", "MODEL_FOR_DOCUMENT_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("table-qa", "MODEL_FOR_TABLE_QUESTION_ANSWERING_MAPPING_NAMES"),
+    ("table-recognition", "MODEL_FOR_TABLE_RECOGNITION_MAPPING_NAMES"),
+    ("text-recognition", "MODEL_FOR_TEXT_RECOGNITION_MAPPING_NAMES"),
+    ("retrieval", "MODEL_FOR_RETRIEVAL_MAPPING_NAMES"),
+    ("rnnt", "MODEL_FOR_RNNT_MAPPING_NAMES"),
+    ("tdt", "MODEL_FOR_TDT_MAPPING_NAMES"),
+    ("text-to-spectrogram", "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES"),
+    ("text-to-waveform", "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES"),
+    ("ts-cls", "MODEL_FOR_TIME_SERIES_CLASSIFICATION_MAPPING_NAMES"),
+    ("ts-prediction", "MODEL_FOR_TIME_SERIES_PREDICTION_MAPPING_NAMES"),
+    ("ts-regression", "MODEL_FOR_TIME_SERIES_REGRESSION_MAPPING_NAMES"),
+    ("decision", "MODEL_FOR_DECISION_MAPPING_NAMES"),
+    ("image", "MODEL_FOR_IMAGE_MAPPING_NAMES"),
+    ("text-encoding", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
+)
+# Heads whose loss the sweep computes (backward compared): variant -> the labels recipe in
+# hf_inputs.labels_for. Heads not listed run forward only.
+LOSS_LABELS = {
+    "causal-lm": "ids", "masked-lm": "ids", "image-text-to-text": "ids", "multimodal-lm": "ids",
+    "seq2seq-lm": "decoder_ids", "speech-seq2seq": "decoder_ids",
+    "seq-cls": "class", "image-cls": "class", "audio-cls": "class", "video-cls": "class",
+    "multiple-choice": "choice", "next-sentence": "binary", "ts-cls": "class",
+    "token-cls": "token_class", "qa": "span", "ctc": "ctc", "semantic-seg": "pixel_class",
+}
+# Heads whose greedy generate(max_new_tokens=8) is compared (with --generate).
+GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
 # Types skipped outright, with the reason (kept short: they appear in the report).
 SKIP: dict[str, str] = {}

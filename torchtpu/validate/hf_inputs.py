@@ -180,7 +180,60 @@ def make_inputs(model, variant: str) -> list[dict]:
         dec = ids(t["decoder_seq"])
         for c in cands:
             c["decoder_input_ids"] = dec
+    if getattr(cfg, "is_encoder_decoder", False) and variant in ("seq-cls", "qa", "token-cls"):
+        # encoder-decoder classifiers shift input_ids into the decoder themselves and pool at
+        # the <eos> token (one per row, BART-style): no decoder ids, an <eos> ending each row
+        eos = getattr(text_cfg, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) else eos
+        for c in cands:
+            c.pop("decoder_input_ids", None)
+            if eos is not None and "input_ids" in c and eos < vocab:
+                c["input_ids"] = c["input_ids"].clone()
+                c["input_ids"][:, -1] = eos
+    if variant == "multiple-choice":  # (batch, choices, seq): each row's text as 2 choices
+        cands = [{k: v[:, None].expand(-1, 2, *v.shape[1:]).contiguous() if v.dim() == 2 else v
+                  for k, v in c.items()} for c in cands]
     return cands
+
+
+def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
+    """The labels that make `model` (a head of kind `variant`) compute its loss, shaped from the
+    inputs and the forward's outputs; None for heads without a recipe (hf_configs.LOSS_LABELS)."""
+    recipe = C.LOSS_LABELS.get(variant)
+    params = inspect.signature(model.forward).parameters
+    if recipe is None or not ({"labels", "start_positions"} & set(params)):
+        return None
+    g = torch.Generator().manual_seed(4321)
+    logits = getattr(out, "logits", None)
+    ids = inputs.get("input_ids")
+    b = C.TINY["batch"]
+    n_cls = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() >= 2 else \
+        getattr(model.config, "num_labels", 2)
+    if recipe == "ids" and ids is not None:
+        return {"labels": ids}
+    if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
+        return {"labels": inputs["decoder_input_ids"]}
+    if recipe == "decoder_ids" and ids is not None:
+        return {"labels": ids}
+    if recipe in ("class", "choice", "binary"):
+        k = 2 if recipe == "binary" else max(1, n_cls)
+        if recipe == "class" and (k == 1 or getattr(model.config, "problem_type", None) == "regression"):
+            return {"labels": torch.randn(b, k, generator=g)}
+        return {"labels": torch.randint(0, k, (b,), generator=g)}
+    if recipe == "token_class" and ids is not None:
+        return {"labels": torch.randint(0, max(1, n_cls), ids.shape[:2], generator=g)}
+    if recipe == "span" and ids is not None:
+        s = ids.shape[-1]
+        return {"start_positions": torch.randint(0, s, (b,), generator=g),
+                "end_positions": torch.randint(0, s, (b,), generator=g)}
+    if recipe == "ctc":
+        vocab = getattr(model.config, "vocab_size", None) or 8
+        return {"labels": torch.randint(1, max(2, vocab), (b, 3), generator=g)}
+    if recipe == "pixel_class" and "pixel_values" in inputs:
+        h, w = inputs["pixel_values"].shape[-2:]
+        return {"labels": torch.randint(0, max(1, getattr(model.config, "num_labels", 2)), (b, h, w),
+                                        generator=g)}
+    return None
 
 
 def _time_series(cfg, params, b: int, g) -> list[dict]:

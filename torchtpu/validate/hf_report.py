@@ -22,7 +22,7 @@ def summarize(results: list[Result], mode: str) -> dict:
             r.modality = _class_modality(r.cls)
         counts[r.state] += 1
         by_modality.setdefault(r.modality or "unknown", {s: 0 for s in STATES})[r.state] += 1
-    ran_cpu = counts["match"] + counts["mismatch"] + counts["tpu-error"]
+    ran_cpu = counts["match"] + counts["mismatch"] + counts["tpu-error"] + counts["cpu-ok"]
     ran_tpu = counts["match"] + counts["mismatch"]
     ok = [r for r in results if r.state in ("match", "mismatch")]
     no_fb = sum(1 for r in ok if r.cpu_fallbacks == 0)
@@ -35,6 +35,8 @@ def summarize(results: list[Result], mode: str) -> dict:
             gen[r.generate] += 1
     bwd_den = bwd["match"] + bwd["mismatch"] + bwd["tpu-error"]
     gen_den = gen["match"] + gen["mismatch"] + gen["tpu-error"]
+    bwd_cpu = bwd_den + bwd["cpu-ok"]
+    gen_cpu = gen_den + gen["cpu-ok"]
     fb_ops: dict[str, int] = {}
     for r in results:
         for k in r.fallback_ops:
@@ -50,6 +52,9 @@ def summarize(results: list[Result], mode: str) -> dict:
         "states": counts,
         "by_modality": by_modality,
         "ran_on_cpu": ran_cpu,
+        "ran_on_cpu_pct": pct(ran_cpu, len(results)),
+        "types_ran_on_cpu": len({r.model_type for r in results if r.state in _RAN}),
+        "backward_ran_on_cpu": bwd_cpu, "generate_ran_on_cpu": gen_cpu,
         "tpu_no_error_pct": pct(ran_tpu, ran_cpu),
         "match_pct": pct(counts["match"], ran_cpu),
         "zero_fallback_pct": pct(no_fb, ran_tpu),
@@ -64,6 +69,9 @@ def summarize(results: list[Result], mode: str) -> dict:
     }
 
 
+_RAN = ("match", "mismatch", "tpu-error", "cpu-ok")
+
+
 def _tf_version() -> str:
     try:
         import transformers
@@ -73,12 +81,20 @@ def _tf_version() -> str:
         return "?"
 
 
+def _states(s: dict) -> list[str]:
+    """The states a mode's tables show: the coverage pass has no tpu states, tpu modes no cpu-ok."""
+    if s["mode"] == "cpu":
+        return ["cpu-ok", "cpu-error", "skipped"]
+    return [st for st in STATES if st != "cpu-ok" or s["states"].get(st)]
+
+
 def print_summary(s: dict, out=sys.stdout) -> None:
     print(file=out)
     print(f"{'state':<12}{'forward':>9}{'backward':>10}{'generate':>10}", file=out)
     print("-" * 41, file=out)
-    for st in STATES:
-        print(f"{st:<12}{s['states'][st]:>9}{s['backward'][st]:>10}{s['generate'][st]:>10}", file=out)
+    for st in _states(s):
+        print(f"{st:<12}{s['states'].get(st, 0):>9}{s['backward'].get(st, 0):>10}{s['generate'].get(st, 0):>10}",
+              file=out)
     print("-" * 41, file=out)
     print(f"mode {s['mode']}: {s['models']} models ({s['model_types']} types); ran on CPU: "
           f"{s['ran_on_cpu']}; tpu without error: {s['tpu_no_error_pct']}%; match: {s['match_pct']}%; "
@@ -100,9 +116,9 @@ def write_chart(path: str, summary: dict) -> None:
               "cpu-error": "#9e9e9e", "skipped": "#cfd8dc"}
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(mods) + 1.5))
     left = [0] * len(mods)
-    for st in STATES:
-        vals = [summary["by_modality"][m][st] for m in mods]
-        ax.barh(mods, vals, left=left, color=colors[st], label=st)
+    for st in _states(summary):
+        vals = [summary["by_modality"][m].get(st, 0) for m in mods]
+        ax.barh(mods, vals, left=left, color=colors.get(st, "#90caf9"), label=st)
         left = [a + b for a, b in zip(left, vals)]
     ax.invert_yaxis()
     ax.set_xlabel("models")
@@ -122,8 +138,9 @@ def write_markdown(path: str, summaries: dict, results_by_mode: dict, argv_by_mo
                   f"(transformers {s['transformers']}, torch {s['torch']}, XLA:{torchtpu.platform()}; "
                   f"float32, atol={s['atol']}, rtol={s['rtol']}).", "",
                   "| state | forward | backward (causal-LM) | generate |", "|---|---:|---:|---:|"]
-        for st in STATES:
-            lines.append(f"| {st} | {s['states'][st]} | {s['backward'][st]} | {s['generate'][st]} |")
+        for st in _states(s):
+            lines.append(f"| {st} | {s['states'].get(st, 0)} | {s['backward'].get(st, 0)} | "
+                         f"{s['generate'].get(st, 0)} |")
         if s.get("planned", s["models"]) > s["models"]:
             lines += ["", f"**Partial sweep**: {s['models']} of {s['planned']} models ran before the "
                       "run was stopped (models run in a seeded random order, so this is a uniform "
@@ -137,9 +154,10 @@ def write_markdown(path: str, summaries: dict, results_by_mode: dict, argv_by_mo
                   f"- greedy generate match: {s['generate_match_pct']} %", ""]
         if chart and mode == next(iter(summaries)):
             lines += [f"![states by modality]({os.path.basename(chart)})", ""]
-        lines += ["| modality | " + " | ".join(STATES) + " |", "|---" * (len(STATES) + 1) + "|"]
+        sts = _states(s)
+        lines += ["| modality | " + " | ".join(sts) + " |", "|---" * (len(sts) + 1) + "|"]
         for m, c in sorted(s["by_modality"].items()):
-            lines.append(f"| {m} | " + " | ".join(str(c[st]) for st in STATES) + " |")
+            lines.append(f"| {m} | " + " | ".join(str(c.get(st, 0)) for st in sts) + " |")
         if s["fallback_ops_models"]:
             lines += ["", "Ops that fell back to CPU (number of models):", ""]
             lines += [f"- `{k}`: {v}" for k, v in s["fallback_ops_models"].items()]

@@ -13,7 +13,7 @@ import torchtpu
 
 from . import hf_configs as C
 from .hf_compare import SEED, Result, _failing_op, _short, compare
-from .hf_inputs import _class_modality, _NoRecipe, make_inputs, modality
+from .hf_inputs import _class_modality, _NoRecipe, labels_for, make_inputs, modality
 from .hf_tiny import tiny_config
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
@@ -53,10 +53,14 @@ def _merge(into: dict, fb: dict, prefix=""):
         into[prefix + k] = into.get(prefix + k, 0) + v
 
 
-def build(model_type: str, cls_name: str, attn: str | None = None):
+def build(model_type: str, cls_name: str, attn: str | None = None, variant: str = "base"):
     import transformers
 
     cfg = tiny_config(model_type)
+    if variant == "seq-cls":  # the head pools at the last non-pad token: it needs a pad id for batch > 1
+        for c in (cfg, getattr(cfg, "text_config", None)):
+            if c is not None and getattr(c, "pad_token_id", 0) is None:
+                c.pad_token_id = 0  # dummy ids start at 3 (hf_inputs.make_inputs): never a pad
     cls = getattr(transformers, cls_name)
     want = getattr(cls, "config_class", None)
     if isinstance(want, type) and not isinstance(cfg, want):
@@ -76,7 +80,7 @@ def reference(model_type: str, variant: str, cls_name: str, attn: str | None = N
     `pristine` gets a copy of the model taken before any forward: modules that cache tensors in
     plain attributes on their first call (mimi's codebook `_embed`) would otherwise carry a CPU
     tensor that Module.to() does not move."""
-    model = build(model_type, cls_name, attn)
+    model = build(model_type, cls_name, attn, variant)
     if pristine is not None:
         pristine.append(copy.deepcopy(model))
     first = None
@@ -131,6 +135,15 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
     except Exception as e:
         res.state, res.detail, res.failing_op = "cpu-error", f"{type(e).__name__}: {_short(e)}", ""
         return
+    labels = labels_for(model, res.variant, inputs, expected) if backward else None
+    gen = generate and res.variant in C.GENERATE_VARIANTS
+    if mode == CPU_ONLY:  # coverage pass: what the CPU reference runs, nothing on tpu
+        res.state, res.failing_op = "cpu-ok", ""
+        if labels is not None:
+            res.backward, res.backward_detail = _cpu_state(lambda: _cpu_loss(model, inputs, labels))
+        if gen:
+            res.generate, res.generate_detail = _cpu_state(lambda: model.generate(**_gen_inputs(model, inputs)))
+        return
     # The same weights and inputs on tpu.
     res.failing_op = "tpu"
     tinputs = {k: v.to("tpu") for k, v in inputs.items()}
@@ -154,26 +167,50 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
     res.cpu_fallbacks, res.fallback_ops = _metrics()
     res.compiles = _compiles()
     res.state, res.detail, res.failing_op = state, detail, ""
-    if res.variant == "causal-lm" and backward:
-        res.backward, res.backward_detail = _backward(model, tmodel, inputs, tinputs, mode, res, fwd)
-    if res.variant == "causal-lm" and generate:
-        res.generate, res.generate_detail = _generate(model, tmodel, inputs, tinputs, mode, res)
+    if labels is not None:
+        res.backward, res.backward_detail = _backward(model, tmodel, inputs, tinputs, labels, mode, res, fwd)
+    if gen:
+        res.generate, res.generate_detail = _generate(model, tmodel, inputs, mode, res)
 
 
-def _backward(model, tmodel, inputs, tinputs, mode, res, call=None) -> tuple[str, str]:
+CPU_ONLY = "cpu"  # the --mode of the coverage pass
+
+
+def _cpu_state(fn) -> tuple[str, str]:
     try:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(SEED)
-        loss = model(**inputs, labels=inputs["input_ids"]).loss
-        loss.backward()
+        fn()
+        return "cpu-ok", ""
+    except _Timeout:
+        raise
     except Exception as e:
         return "cpu-error", f"{type(e).__name__}: {_short(e)}"
+
+
+def _cpu_loss(model, inputs, labels):
+    """The CPU loss of `model` on `inputs` + `labels`, backward run (gradients in .grad)."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(SEED)
+    loss = model(**inputs, **labels).loss
+    if loss is None:
+        raise ValueError("the head returned no loss for labels " + ", ".join(labels))
+    loss.backward()
+    return loss
+
+
+def _backward(model, tmodel, inputs, tinputs, labels, mode, res, call=None) -> tuple[str, str]:
+    try:
+        loss = _cpu_loss(model, inputs, labels)
+    except _Timeout:
+        raise
+    except Exception as e:
+        return "cpu-error", f"{type(e).__name__}: {_short(e)}"
+    tlabels = {k: v.to("tpu") for k, v in labels.items()}
     torchtpu.reset_metrics()
     try:
         with _mode(mode):
             tmodel.zero_grad(set_to_none=True)
             torch.manual_seed(SEED)
-            tloss = (tmodel if call is None else call)(**tinputs, labels=tinputs["input_ids"]).loss
+            tloss = (tmodel if call is None else call)(**tinputs, **tlabels).loss
             tloss.backward()
             grads_t = {n: p.grad for n, p in tmodel.named_parameters() if p.grad is not None}
             grads_c = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -192,23 +229,37 @@ def _backward(model, tmodel, inputs, tinputs, mode, res, call=None) -> tuple[str
     return state, detail
 
 
-def _generate(model, tmodel, inputs, tinputs, mode, res) -> tuple[str, str]:
-    ids = inputs["input_ids"]
-    kw = dict(max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8)
-    pad = model.generation_config.pad_token_id
-    if pad is None:
+def _gen_inputs(model, inputs) -> dict:
+    """generate()'s arguments: the encoder / prompt inputs (no decoder ids: generate starts the
+    decoder itself), every row unpadded so greedy decoding has no padding ambiguity, and 8 new
+    tokens exactly."""
+    kw = {k: v for k, v in inputs.items() if not k.startswith("decoder_")}
+    if "attention_mask" in kw:
+        kw["attention_mask"] = torch.ones_like(kw["attention_mask"])
+    kw.update(max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8)
+    gc = model.generation_config
+    if model.config.is_encoder_decoder and gc.decoder_start_token_id is None and gc.bos_token_id is None:
+        kw["decoder_start_token_id"] = gc.pad_token_id or 0  # T5-style: the decoder starts at pad
+    if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-    mask = torch.ones_like(ids)  # every row full: greedy decoding without padding ambiguity
+    return kw
+
+
+def _generate(model, tmodel, inputs, mode, res) -> tuple[str, str]:
+    kw = _gen_inputs(model, inputs)
     try:
         with torch.no_grad():
-            expected = model.generate(input_ids=ids, attention_mask=mask, **kw)
+            expected = model.generate(**kw)
+    except _Timeout:
+        raise
     except Exception as e:
         return "cpu-error", f"{type(e).__name__}: {_short(e)}"
+    tkw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     torchtpu.reset_metrics()
     try:
         with _mode(mode), torch.no_grad():
-            actual = tmodel.generate(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+            actual = tmodel.generate(**tkw)
         actual = actual.cpu()
     except _Timeout:
         raise
@@ -218,4 +269,5 @@ def _generate(model, tmodel, inputs, tinputs, mode, res) -> tuple[str, str]:
     _merge(res.fallback_ops, fb, "generate:")
     if actual.shape == expected.shape and torch.equal(actual, expected):
         return "match", ""
-    return "mismatch", f"tokens differ: tpu {actual[:, ids.shape[1]:].tolist()} cpu {expected[:, ids.shape[1]:].tolist()}"
+    n = inputs["input_ids"].shape[1] if "input_ids" in inputs and not model.config.is_encoder_decoder else 0
+    return "mismatch", f"tokens differ: tpu {actual[:, n:].tolist()} cpu {expected[:, n:].tolist()}"

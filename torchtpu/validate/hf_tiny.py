@@ -19,33 +19,46 @@ def _auto():
 
 
 def model_types() -> list[str]:
+    """Every model type an auto mapping of modeling_auto names (base model or any head)."""
     ma, ca = _auto()
     types = set(ma.MODEL_MAPPING_NAMES)
-    for _, mapping in C.HEAD_PRIORITY:
+    for _, mapping in C.HEADS:
         types |= set(getattr(ma, mapping, {}))
     return sorted(t for t in types if t in ca.CONFIG_MAPPING_NAMES)
 
 
+def _class(mapping: dict, model_type: str) -> str | None:
+    name = mapping.get(model_type)
+    if isinstance(name, (tuple, list)):
+        name = name[0] if name else None
+    return name or None
+
+
 def variants(model_type: str, which=("base", "head")) -> list[tuple[str, str]]:
-    """[(variant, class name)]: the base model and the first head that exists."""
+    """[(variant, class name)]: "base" the base model, "head" the first head of HEAD_PRIORITY that
+    exists, "heads" every distinct head class of the type (C.HEADS order)."""
     ma, _ = _auto()
-    out = []
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def add(variant, name):
+        if name and name not in seen:
+            seen.add(name)
+            out.append((variant, name))
+
     if "base" in which:
-        name = ma.MODEL_MAPPING_NAMES.get(model_type)
-        if isinstance(name, (tuple, list)):
-            name = name[0]
-        if name:
-            out.append(("base", name))
-    if "head" in which:
+        add("base", _class(ma.MODEL_MAPPING_NAMES, model_type))
+    if "head" in which or "heads" in which:
         for variant, mapping in C.HEAD_PRIORITY:
-            name = getattr(ma, mapping, {}).get(model_type)
-            if isinstance(name, (tuple, list)):
-                name = name[0]
+            name = _class(getattr(ma, mapping, {}), model_type)
             if name:
-                out.append((variant, name))
+                add(variant, name)
                 break
-        if not out and "base" not in which:  # no head: the base model stands for the type
-            return variants(model_type, ("base",))
+    if "heads" in which:
+        for variant, mapping in C.HEADS:
+            add(variant, _class(getattr(ma, mapping, {}), model_type))
+    if not out and "base" not in which:  # no head: the base model stands for the type
+        return variants(model_type, ("base",))
     return out
 
 
@@ -215,4 +228,7 @@ def tiny_config(model_type: str):
     for sub in [cfg] + [getattr(cfg, k, None) for k in C.SUBCONFIG_KEYS]:
         if sub is not None and hasattr(sub, "use_cache"):
             sub.use_cache = False
+    if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
+        # T5-style configs leave it to the checkpoint; their ModelTesters start the decoder at pad (0)
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     return cfg
