@@ -119,6 +119,8 @@ OVERRIDES: dict[str, dict] = {
     "vits": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
+    # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
+    "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8},
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},

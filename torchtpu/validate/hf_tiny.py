@@ -155,6 +155,11 @@ def _shrink_dict(d: dict, top: bool = True) -> dict:
             elif k in ("conv_dim",):
                 new[k] = [min(x, t["hidden"]) for x in v]
     d.update(new)
+    # Left None by the default config and filled by a checkpoint (a MoE router's k): the tiny value.
+    if any(isinstance(d.get(k), int) for k in C.EXPERT_KEYS):
+        for k in C.EXPERTS_PER_TOK_KEYS:
+            if k in d and d[k] is None:
+                d[k] = t["experts_per_tok"]
     # Per-layer lists sized by the original layer count follow the new count.
     layers = next((d[k] for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
                    if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)), None)
