@@ -120,11 +120,36 @@ OVERRIDES: dict[str, dict] = {
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
     # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
+    # the audio codes live at the top of the text vocabulary: keep it that large
+    "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
+    "wavtokenizer": {"codebook_dim": 32},
+    "dots3_note": {"vision_config.adapter_in_dim": 32, "vision_config.adapter_input_size": 32},
+    "qwen3_asr_encoder": {"n_window": 32},  # mel frames a multiple of 2 * n_window
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0, "text_config.hidden_size_per_layer_input": 0},
+    "efficientloftr": {"hidden_size": 256},  # = the last of the backbone's out_features
+    "lw_detr": {"backbone_config.num_windows": 4},  # image_size / num_windows a multiple of sqrt(num_windows)
+    "gemma4_unified_assistant": {"text_config.num_kv_shared_layers": 0},
+    "nemo_speechlm": {"audio_config.diarization_config.head_config.audio_hidden_size": 32},
+    "nemotron3_5_transcribe_audio": {"diarization_config.head_config.audio_hidden_size": 32},
+    "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
+    # whisper-style encoders that check the mel length against 2 * max_source_positions
+    "moss_transcribe_diarize_audio": {"max_source_positions": 32},
+    "qwen2_audio_encoder": {"max_source_positions": 32},
+    "voxtral_encoder": {"max_source_positions": 32},
+    "audioflamingo3_encoder": {"max_source_positions": 32},
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8},
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},
 }
+
+# Constructor arguments for config classes whose defaults fail their own validator (upstream).
+INIT_KWARGS: dict[str, dict] = {
+    "gemma4_assistant": {"hidden_size_per_layer_input": 0},
+}
+
+# Keypoint matchers: pixel_values is a pair of images, (batch, 2, channels, height, width).
+IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")
 
 # The main input of a model whose forward lacks its class's main_input_name (vision / audio
 # sub-models that keep the default "input_ids"): the first of these its forward takes.

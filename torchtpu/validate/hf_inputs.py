@@ -138,6 +138,8 @@ def make_inputs(model, variant: str) -> list[dict]:
         if _get(cfg, "num_frames") is not None or name == "pixel_values_videos":
             cands.append(pixels(name, video=True))
         cands.append(pixels(name))
+        if getattr(cfg, "model_type", "") in C.IMAGE_PAIRS:
+            cands.insert(0, {name: torch.stack([cands[-1][name]] * 2, 1)})
         if "input_ids" in params:
             cands += [{**pixels(name), **text()}]
     elif name == "input_features":
@@ -172,6 +174,8 @@ def make_inputs(model, variant: str) -> list[dict]:
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
         noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
+    for c in cands:
+        _fill_required(c, params, cfg, b, s, ids, g)
     if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
         q = ids(s)
         for c in cands:
@@ -234,6 +238,37 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
         return {"labels": torch.randint(0, max(1, getattr(model.config, "num_labels", 2)), (b, h, w),
                                         generator=g)}
     return None
+
+
+# Optional in the signature, required by the model in practice (layout and region-feature models).
+_LAYOUT = ("bbox", "visual_feats", "visual_pos")
+
+
+def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
+    """Arguments a forward requires beyond its main input, by name (layout boxes, region
+    features, masks, prompts): shapes from the candidate's own tensors and the config."""
+    t = C.TINY
+    required = [n for n, p in params.items() if (p.default is inspect.Parameter.empty or n in _LAYOUT)
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in c]
+    for n in required:
+        if n == "bbox":  # (x0, y0, x1, y1) boxes in 0..1000, x0 <= x1 and y0 <= y1
+            lo = torch.randint(0, 500, (b, s, 2), generator=g)
+            c[n] = torch.cat([lo, lo + torch.randint(0, 500, (b, s, 2), generator=g)], -1)
+        elif n == "visual_feats":
+            c[n] = torch.randn(b, 4, _get(cfg, "visual_feat_dim", default=t["hidden"]), generator=g)
+        elif n == "visual_pos":
+            c[n] = torch.rand(b, 4, _get(cfg, "visual_pos_dim", default=4), generator=g)
+        elif n.endswith("_mask") and "input_features" in c and n.startswith("input_features"):
+            c[n] = torch.ones(b, c["input_features"].shape[-1], dtype=torch.long)
+        elif n in ("task_inputs", "input_ids"):
+            c[n] = ids(s)
+        elif n == "input_values":
+            c[n] = torch.randn(b, 1, t["audio_samples"], generator=g)
+        elif n == "query_embeds":
+            c[n] = torch.randn(b, _get(cfg, "num_query_tokens", default=4),
+                               _get(cfg, "hidden_size", default=t["hidden"]), generator=g)
+        elif n in ("prompt_pixel_values", "prompt_masks") and "pixel_values" in c:
+            c[n] = torch.randn(*c["pixel_values"].shape, generator=g)
 
 
 def _time_series(cfg, params, b: int, g) -> list[dict]:

@@ -208,7 +208,8 @@ def tiny_config(model_type: str):
     """A small config of `model_type`: generic rules, then hf_configs.OVERRIDES."""
     from transformers import AutoConfig
 
-    default = AutoConfig.for_model(model_type)
+    # a config class whose own defaults fail its validator takes these at construction
+    default = AutoConfig.for_model(model_type, **C.INIT_KWARGS.get(model_type, {}))
     d = default.to_dict()
     ov = C.OVERRIDES.get(model_type, {})
     shrunk = _shrink_dict(d)
