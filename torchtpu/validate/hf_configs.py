@@ -83,6 +83,10 @@ SUBCONFIG_KEYS = {"text_config", "vision_config", "audio_config", "encoder", "de
                   "coarse_acoustics_config", "fine_acoustics_config", "codec_config",
                   "projector_config", "mm_config", "vision_tower_config", "connector_config"}
 
+_HF_RESNET = {"use_timm_backbone": False, "use_pretrained_backbone": False,
+              "backbone_config": {"model_type": "resnet", "embedding_size": 8, "hidden_sizes": [8, 16, 32, 64],
+                                  "depths": [1, 1, 1, 1], "out_features": ["stage2", "stage3", "stage4"]}}
+
 # Per-type overrides, applied after the generic rules (dotted keys reach into sub-configs).
 OVERRIDES: dict[str, dict] = {
     "whisper": {"max_source_positions": 32, "num_mel_bins": 16},
@@ -137,6 +141,16 @@ OVERRIDES: dict[str, dict] = {
     "qwen2_audio_encoder": {"max_source_positions": 32},
     "voxtral_encoder": {"max_source_positions": 32},
     "audioflamingo3_encoder": {"max_source_positions": 32},
+    # head_dim / kv heads left None by the default config (a checkpoint sets them)
+    "hunyuan_vl_text": {"head_dim": 8},
+    "hunyuan_vl": {"text_config.head_dim": 8},
+    "nemotron": {"num_key_value_heads": 2},
+    "axk1": {"n_group": 1, "topk_group": 1},  # expert groups: the tiny expert count in one group
+    "longcat_flash": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4},  # = the tiny qk_head_dim
+    "chameleon": {"vocabulary_map": {"<image>": 98}},
+    # DETR-style detectors: the HF ResNet backbone instead of timm's (their ModelTesters' choice)
+    "detr": _HF_RESNET, "conditional_detr": _HF_RESNET, "dab-detr": _HF_RESNET,
+    "deformable_detr": _HF_RESNET, "table-transformer": _HF_RESNET,
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8},
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},

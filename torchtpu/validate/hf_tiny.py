@@ -234,6 +234,10 @@ def tiny_config(model_type: str):
     for sub in [cfg] + [getattr(cfg, k, None) for k in C.SUBCONFIG_KEYS]:
         if sub is not None and hasattr(sub, "use_cache"):
             sub.use_cache = False
+    for k in C.DROP_KEYS:  # dropped for __init__ to derive, but this class does not: the default, trimmed
+        if getattr(cfg, k, 0) is None and isinstance(d.get(k), list):
+            n = getattr(cfg, "num_hidden_layers", None)
+            setattr(cfg, k, d[k][:n] if isinstance(n, int) and len(d[k]) > n else d[k])
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         # T5-style configs leave it to the checkpoint; their ModelTesters start the decoder at pad (0)
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
