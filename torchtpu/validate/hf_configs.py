@@ -123,6 +123,8 @@ OVERRIDES: dict[str, dict] = {
     "vits": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
+    "mimi_decoder": {"upsample_groups": 32},
+    "kyutai_speech_to_text": {"codec_config.upsample_groups": 32},
     # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
     # the audio codes live at the top of the text vocabulary: keep it that large
     "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
@@ -161,6 +163,14 @@ OVERRIDES: dict[str, dict] = {
 INIT_KWARGS: dict[str, dict] = {
     "gemma4_assistant": {"hidden_size_per_layer_input": 0},
 }
+
+# Convolutional backbones whose per-stage lists are tied to each other in ways the list rules do
+# not keep (channel counts derived from several lists): their default stage lists stay as they are
+# (the layer rules still shrink depth); CPU cost stays small at the tiny image size.
+KEEP_LISTS = ("hgnet_v2", "textnet")
+
+# Decoders over several parallel codebooks: input_ids is (batch * num_codebooks, seq).
+CODEBOOK_ROWS = ("musicgen", "musicgen_melody", "musicgen_decoder", "musicgen_melody_decoder")
 
 # Keypoint matchers: pixel_values is a pair of images, (batch, 2, channels, height, width).
 IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")

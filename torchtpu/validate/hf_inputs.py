@@ -174,7 +174,10 @@ def make_inputs(model, variant: str) -> list[dict]:
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
         noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
+    ncb = _get(cfg, "num_codebooks", default=1) if getattr(cfg, "model_type", "") in C.CODEBOOK_ROWS else 1
     for c in cands:
+        if ncb > 1 and "input_ids" in c:
+            c["input_ids"] = torch.cat([c["input_ids"]] * ncb, 1).reshape(b * ncb, -1)
         _fill_required(c, params, cfg, b, s, ids, g)
     if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
         q = ids(s)

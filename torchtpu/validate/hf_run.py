@@ -65,8 +65,10 @@ def build(model_type: str, cls_name: str, attn: str | None = None, variant: str 
     want = getattr(cls, "config_class", None)
     if isinstance(want, type) and not isinstance(cfg, want):
         # a head registered for a composite config that takes its text sub-config (qwen3_5 causal-LM)
-        sub = getattr(cfg, "text_config", None)
-        if isinstance(sub, want):
+        # (qwen3_5 causal-LM; musicgen's takes its decoder config)
+        sub = next((getattr(cfg, k) for k in ("text_config", "decoder", "encoder", *C.SUBCONFIG_KEYS)
+                    if isinstance(getattr(cfg, k, None), want)), None)
+        if sub is not None:
             cfg = sub
     torch.manual_seed(0)
     kw = {"attn_implementation": attn} if attn else {}

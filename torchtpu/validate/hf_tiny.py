@@ -140,7 +140,8 @@ def _shrink_dict(d: dict, top: bool = True) -> dict:
             elif k.endswith("_num_heads") or (k.endswith("_heads") and k.startswith(("num_", "n_"))) \
                     or k.endswith("_n_heads"):
                 new[k] = min(v, t["heads"])
-        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v) \
+                and d.get("model_type") not in C.KEEP_LISTS:
             n = len(v)
             if k in C.LIST_DEPTH_KEYS:
                 new[k] = [1] * n
