@@ -66,6 +66,11 @@ HARNESS_CASES = {
     "qwen3_5": "causal-LM head registered for a composite config takes its text_config",
     "mimi": "depthwise upsampling groups follow the shrunk hidden size",
     "patchtst": "time-series recipe (past_values)",
+    "deepseek_v2": "a MoE router's k left None by the default config gets the tiny value",
+    "detr": "DETR on the HF ResNet backbone instead of timm's",
+    "lxmert": "region features and boxes filled by name",
+    "musicgen": "the causal-LM head takes the decoder sub-config; input_ids of batch * codebooks rows",
+    "lightglue": "keypoint matchers take an image pair",
 }
 
 
@@ -86,3 +91,48 @@ def test_grad_tolerance_scales_with_magnitude():
     assert bad[0] == "mismatch", bad
     fwd = hf.compare({"g": (g + torch.tensor([0.0, 3e-4])).to("tpu")}, {"g": g})
     assert fwd[0] == "mismatch", fwd
+
+
+# Every mode and every modality in `make test`: the subset above runs in the current eager mode
+# (strict); these run one model per remaining mode, a head beyond the first (its loss from the
+# labels recipe) and the time-series modality. Each row: (type, variant, mode).
+MODE_CASES = [
+    ("bert", "seq-cls", "defer_and_fuse"),   # a classification head's loss and gradients, fused
+    ("llama", "causal-lm", "compile"),       # torch.compile forward + backward
+    ("patchtst", "base", "strict"),          # time-series
+]
+
+
+@pytest.mark.parametrize("model_type,variant,mode", MODE_CASES, ids=[f"{t}-{v}-{m}" for t, v, m in MODE_CASES])
+def test_mode(model_type, variant, mode):
+    if mode == "compile" and not hf.compile_available():
+        pytest.skip("no torch.compile backend 'tpu'")
+    cls = dict(hf.variants(model_type, ("base", "heads")))[variant]
+    r = hf.run_model(model_type, variant, cls, mode=mode, backward=True, timeout=_TIMEOUT)
+    assert r.state == "match", f"{model_type}:{variant} ({mode}): {r.state}: {r.failing_op} {r.detail}"
+    assert r.cpu_fallbacks == 0, r.fallback_ops
+    if variant != "base":
+        assert r.backward == "match", f"backward {r.backward}: {r.backward_detail}"
+
+
+def test_every_head_is_enumerated():
+    """--variants heads: each distinct head class of a type once, the first head of
+    HEAD_PRIORITY first (the key earlier sweeps used), the base model first of all."""
+    vs = hf.variants("bert", ("base", "heads"))
+    names = [v for v, _ in vs]
+    assert names[:2] == ["base", "masked-lm"]
+    assert {"seq-cls", "token-cls", "qa", "multiple-choice"} <= set(names)
+    assert len({c for _, c in vs}) == len(vs)
+
+
+def test_labels_recipe_gives_a_loss_on_cpu():
+    """The labels recipe of a head makes its CPU loss (the backward check's reference)."""
+    from torchtpu.validate import hf_inputs, hf_run
+
+    for model_type, variant in (("bert", "multiple-choice"), ("bert", "token-cls"), ("bert", "qa")):
+        cls = dict(hf.variants(model_type, ("base", "heads")))[variant]
+        model, inputs, out = hf.reference(model_type, variant, cls)
+        labels = hf_inputs.labels_for(model, variant, inputs, out)
+        assert labels, variant
+        loss = hf_run._cpu_loss(model, inputs, labels)
+        assert loss.ndim == 0 and loss.item() > 0, variant
