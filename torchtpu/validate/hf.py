@@ -139,7 +139,9 @@ def main(argv=None) -> int:
         all_results = [_result_from(d) for d in prev.values()]
         summ = summarize(all_results, args.mode)
         summ["planned"] = max(planned, len(all_results))
-        data["modes"][args.mode] = {"summary": summ, "argv": argv, "models": dict(sorted(prev.items()))}
+        notes = data["modes"].get(args.mode, {}).get("notes", []) if args.merge else []  # hand-written
+        data["modes"][args.mode] = {"summary": summ, "argv": argv, "models": dict(sorted(prev.items())),
+                                    **({"notes": notes} if notes else {})}
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)

@@ -42,6 +42,7 @@ HIDDEN_KEYS = {
     "vision_hidden_size", "encoder_hidden_size", "decoder_hidden_size", "projection_dim",
     "proj_dim", "output_dim", "hidden_channels", "emb_dim", "n_embed", "d_inner_model",
     "decoder_embed_dim", "projector_hidden_size", "text_embed_dim", "vision_embed_dim",
+    "pooler_hidden_size",
 }
 HEAD_KEYS = {
     "num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
@@ -153,6 +154,14 @@ OVERRIDES: dict[str, dict] = {
     # DETR-style detectors: the HF ResNet backbone instead of timm's (their ModelTesters' choice)
     "detr": _HF_RESNET, "conditional_detr": _HF_RESNET, "dab-detr": _HF_RESNET,
     "deformable_detr": _HF_RESNET, "table-transformer": _HF_RESNET,
+    "xmod": {"default_language": "en_XX"},  # the adapter to route through (the checkpoint's choice)
+    # axial position factors sum to hidden; their shape multiplies to the sequence; chunks divide it
+    "reformer": {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [2, 4], "local_attn_chunk_length": 4,
+                 "lsh_attn_chunk_length": 4},
+    "moonshine_streaming": {"num_key_value_heads": 4},
+    "step3p7": {"text_config.sliding_window": 4},
+    "wav2vec2-bert": {"feature_projection_input_dim": 64},  # = the last dim of the dummy features
+    "mobilevitv2": {"image_size": 64},  # five stride-2 stages: 32 px leaves 1x1 before unfolding
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8},
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},

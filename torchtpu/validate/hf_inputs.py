@@ -157,7 +157,9 @@ def make_inputs(model, variant: str) -> list[dict]:
     elif name == "input_values":
         if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):  # spectrogram transformers
             cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
-        x = torch.randn(b, t["audio_samples"], generator=g)
+        # x-vector heads run a TDNN whose dilated kernels need ~20 frames: 4x the samples
+        n = t["audio_samples"] * (4 if variant == "audio-xvector" else 1)
+        x = torch.randn(b, n, generator=g)
         cands += [{name: x}, {name: x[:, None]}]
     elif name == "inputs_embeds":
         hidden = _get(cfg, "hidden_size", "d_model", default=t["hidden"])
