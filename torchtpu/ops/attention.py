@@ -18,7 +18,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from .nn import _opmath
+from ._common import opmath_dtype as _opmath
 from .registry import autograd_kernel, lower
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ..runtime.jaxenv import to_jax_dtype
+from ._common import opmath_dtype as _opmath, real_dtype as _real_dtype
 from .promotion import promote
 from .registry import (
     BOOL_TO_LONG,
@@ -365,15 +366,6 @@ for _name, (_kind, _fn) in _UNARY.items():
 # --- reductions, copies ----------------------------------------------------------
 
 
-def _real_dtype(dt):
-    dt = jnp.dtype(dt)
-    if dt == jnp.complex64:
-        return jnp.dtype(jnp.float32)
-    if dt == jnp.complex128:
-        return jnp.dtype(jnp.float64)
-    return dt
-
-
 def _norm_dtypes(x, dtype, name):
     if dtype is not None:
         out_dt = jnp.dtype(to_jax_dtype(dtype))
@@ -502,10 +494,6 @@ def _fused_lowering(name, fn, tensor_args, scalar_args, static_args):
     args += [ArgInfo(n, "scalar", True, False) for n in scalar_args]
     args += [ArgInfo(n, "other", True, False) for n in static_args]
     return Lowering(name, fn, overload(name), args, mode="inplace", mutated=("self",))
-
-
-def _opmath(dt):
-    return jnp.float32 if jnp.dtype(dt) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
 
 
 def _unscale(grads, grad_scale):

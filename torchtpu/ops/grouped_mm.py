@@ -25,7 +25,8 @@ import torch
 from jax import lax
 
 from . import checks as _checks
-from .linalg import _PRETTY, _TORCH_NAMES, _acc
+from ._common import opmath_dtype as _acc
+from .linalg import _PRETTY, _TORCH_NAMES
 from .registry import LOWERINGS, lower
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)

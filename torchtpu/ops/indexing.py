@@ -25,11 +25,8 @@ import torch
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
+from ._common import wrap_dim as _wrap
 from .registry import kernel, lower, private
-
-
-def _wrap(d, n):
-    return d + n if d < 0 else d
 
 
 def _is_mask(a) -> bool:

@@ -8,10 +8,11 @@ import torch
 from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from ._common import LOW_FLOATS as _HALF
+from ._common import opmath_dtype as _acc
 from .registry import kernel, lower, private
 
 HIGHEST = None  # float32 matmul precision: torch's setting, through runtime/precision.py
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 _TORCH_NAMES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
@@ -33,12 +34,6 @@ def _tname(x) -> str:
 
 def _pretty(x) -> str:
     return _PRETTY.get(to_torch_dtype(x.dtype), str(x.dtype))
-
-
-def _acc(dtype):
-    """Accumulation dtype: float16/bfloat16 accumulate in float32 like PyTorch CPU."""
-    dtype = jnp.dtype(dtype)
-    return jnp.dtype(jnp.float32) if dtype in _HALF else dtype
 
 
 def _check_matmul_dtype(x, dtype_name):

@@ -5,15 +5,9 @@ import jax
 import jax.numpy as jnp
 
 from . import checks
+from ._common import opmath_dtype as _acc
 from .promotion import result_dtypes
 from .registry import DEFAULT, lower
-
-_F32 = jnp.dtype(jnp.float32)
-_LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
-def _acc(dt):
-    return _F32 if jnp.dtype(dt) in _LOW_FLOATS else jnp.dtype(dt)
 
 
 def _reduce(loss, reduction):

@@ -22,18 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._common import opmath_dtype as _opmath
 from .registry import LOWERINGS, lower
 
 _HI = None  # float32 matmul precision: torch's setting, through runtime/precision.py
-_LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 # --- helpers ----------------------------------------------------------------
-
-
-def _opmath(dt):
-    dt = jnp.dtype(dt)
-    return jnp.dtype(jnp.float32) if dt in _LOW_FLOATS else dt
 
 
 def _up(x):

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .nn import _HI, _opmath, _up  # shared with the core nn family
+from ._common import opmath_dtype as _opmath
+from .nn import _HI, _up  # shared with the core nn family
 from .registry import kernel, lower
 
 

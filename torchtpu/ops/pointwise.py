@@ -19,6 +19,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import checks as _checks
+from ._common import LOW_FLOATS
+from ._common import is_bool as _is_bool, is_complex as _is_complex, is_float as _is_float
+from ._common import is_int as _is_int, is_intlike as _is_exact
 from .promotion import promote as _promote
 from .promotion import result_dtypes as _result_dtypes
 from .registry import (
@@ -68,38 +71,13 @@ def lower(*names, promote=None, promote_args=None, **kw):
 # --- dtype helpers ------------------------------------------------------------
 
 
-def _is_bool(x) -> bool:
-    return jnp.dtype(x.dtype) == jnp.bool_
-
-
-def _is_int(x) -> bool:
-    """Integer (signed or unsigned), not bool."""
-    return jnp.issubdtype(x.dtype, jnp.integer)
-
-
 def _is_signed_int(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.signedinteger)
 
 
-def _is_complex(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.complexfloating)
-
-
-def _is_float(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.floating)
-
-
-def _is_exact(x) -> bool:
-    """Integer or bool: rounding ops are the identity on these."""
-    return _is_bool(x) or _is_int(x)
-
-
-_LOW = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
 def _opmath(*xs):
     """Upcast float16/bfloat16 arrays to float32 (PyTorch's opmath) for hand-promoted ops."""
-    return [x.astype(jnp.float32) if x is not None and jnp.dtype(x.dtype) in _LOW else x for x in xs]
+    return [x.astype(jnp.float32) if x is not None and jnp.dtype(x.dtype) in LOW_FLOATS else x for x in xs]
 
 
 def _bcast(*xs):

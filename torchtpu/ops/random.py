@@ -25,6 +25,7 @@ import torch
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
+from ._common import is_complex as _is_complex, is_float as _is_float
 from .registry import lower
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
@@ -33,14 +34,6 @@ _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 def _check_generator(generator, name):
     if generator is not None:  # a caller that bypassed the executor: its state would be ignored
         raise RuntimeError(f"{name}: a generator reaches tpu random ops only through eager execution")
-
-
-def _is_float(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.floating)
-
-
-def _is_complex(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.complexfloating)
 
 
 def _compute_dtype(dt):

@@ -8,47 +8,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype
+from ._common import LOW_FLOATS as _LOW_FLOATS
+from ._common import is_complex as _is_complex, is_float as _is_float, is_intlike as _is_intlike
+from ._common import opmath_dtype as _acc, real_dtype as _real_dtype, wrap_dim as _wrap
 from .registry import lower
 
 _I64 = jnp.dtype(jnp.int64)
 _F32 = jnp.dtype(jnp.float32)
-_LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 # --- helpers ------------------------------------------------------------------
-
-
-def _is_float(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.floating)
-
-
-def _is_complex(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.complexfloating)
-
-
-def _is_intlike(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.integer) or jnp.dtype(dt) == jnp.bool_
-
-
-def _real_dtype(dt):
-    dt = jnp.dtype(dt)
-    if dt == jnp.complex64:
-        return jnp.dtype(jnp.float32)
-    if dt == jnp.complex128:
-        return jnp.dtype(jnp.float64)
-    return dt
-
-
-def _acc(dt):
-    """The accumulation dtype of a floating dtype (float16/bfloat16 -> float32)."""
-    return _F32 if jnp.dtype(dt) in _LOW_FLOATS else jnp.dtype(dt)
-
-
-def _wrap(d: int, ndim: int) -> int:
-    n = max(ndim, 1)
-    if not -n <= d < n:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
-    return d % n
 
 
 def _dims(ndim: int, dim) -> tuple:

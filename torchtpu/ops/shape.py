@@ -9,15 +9,8 @@ import torch
 from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
-from .registry import kernel, lower, overload
-
-
-def _wrap(d, n):
-    if n == 0:
-        n = 1
-    if not -n <= d < n:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
-    return d + n if d < 0 else d
+from ._common import wrap_dim as _wrap
+from .registry import lower
 
 
 # --- cat -------------------------------------------------------------------
