@@ -9,6 +9,7 @@ AutogradPrivateUse1; everything else reaches the boxed fallback.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -95,11 +96,24 @@ def _out_kernel(low: Lowering):
                     f"type {o.dtype} (argument '{n}')"
                 )
             if o.shape != r.shape:
+                if o.numel():
+                    _warn_resized(o.shape, r.shape)
                 resize_(o, r.shape)
             copy_(o, r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel
+
+
+def _warn_resized(had, need) -> None:
+    """CPU's warning (at::native::resize_output) for an out= with elements and another shape."""
+    warnings.warn(
+        f"An output with one or more elements was resized since it had shape {list(had)}, which does "
+        f"not match the required output shape {list(need)}. This behavior is deprecated, and in a "
+        "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+        "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+        UserWarning, stacklevel=3,  # the user's line: the dispatcher between is C++
+    )
 
 
 def _serve(low: Lowering) -> None:
