@@ -30,43 +30,8 @@ from .registry import (
     DEFAULT,
     INT_TO_FLOAT,
     NO_OPMATH,
-    overload,
+    lower,
 )
-from .registry import lower as _registry_lower
-
-_PROMOTED_SCALARS = ("self", "other", "exponent", "end", "input")
-_TENSOR_TYPES = ("Tensor", "Tensor?", "Optional[Tensor]", "Tensor[]", "List[Tensor]")
-_SCALAR_TYPES = ("Scalar", "Scalar?", "number", "Optional[number]")
-
-
-def _default_promote_args(name):
-    """Tensor args (optional ones too) plus promoted Scalars, read from the schema.
-
-    Spelled out here so promotion does not depend on how the registry classifies
-    argument types: registry._kind at 74c60b8 compared str(arg.type) with "Tensor?" and
-    "Scalar" while torch prints "Optional[Tensor]" and "number", which left Scalar
-    operands (add.Scalar) and optional Tensors (clamp.Tensor) out of promotion.
-    """
-    out = []
-    for a in overload(name)._schema.arguments:
-        t = str(a.type)
-        if t in _TENSOR_TYPES or (t in _SCALAR_TYPES and a.name in _PROMOTED_SCALARS):
-            out.append(a.name)
-    return tuple(out)
-
-
-def lower(*names, promote=None, promote_args=None, **kw):
-    """registry.lower, with promote_args computed per overload when not given."""
-
-    def deco(fn):
-        for name in names:
-            pa = promote_args
-            if promote is not None and pa is None:
-                pa = _default_promote_args(name)
-            _registry_lower(name, promote=promote, promote_args=pa, **kw)(fn)
-        return fn
-
-    return deco
 
 # --- dtype helpers ------------------------------------------------------------
 
