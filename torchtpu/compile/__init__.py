@@ -115,6 +115,29 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
     return inner(gm, example_inputs, **kwargs)
 
 
+def _decompositions() -> dict:
+    from . import decomps
+
+    return decomps.table()
+
+
+def _program(gm: torch.fx.GraphModule):
+    from .graph import Program
+
+    return Program(gm, host_part=False)
+
+
+def _install_into_eager() -> None:
+    """defer_and_fuse records torch.cond/while_loop/scan as one node: it traces them into
+    this package's programs through a hook (eager/ sits below compile/)."""
+    from ..eager import control_flow
+
+    control_flow.install_graph_lowering(_decompositions, _program)
+
+
+_install_into_eager()
+
+
 def register() -> None:
     """Make backend="tpu" known to Dynamo (also reachable through the
     torch_dynamo_backends entry point when the package is installed)."""

@@ -51,10 +51,8 @@ def _leaves(tree):
 class Subgraph:
     """A branch or body: its ATen graph as a function of its flat inputs."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
-        from .graph import Program
-
-        self.program = Program(gm, host_part=False)
+    def __init__(self, gm: torch.fx.GraphModule, program_of):
+        self.program = program_of(gm, host_part=False)
         if self.program.mutated_inputs:
             raise NotImplementedError(
                 "torchtpu compile: a control-flow body that writes its inputs in place is not supported")
@@ -107,7 +105,8 @@ def _no_flags(k):
 class Node:
     """One higher-order node of a graph: its lowering and its subgraphs, lowered once."""
 
-    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node):
+    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node, program_of):
+        # program_of: graph.Program, passed in by it (graph.py imports this module)
         self.lowering = LOWERINGS[node.target]
         self.node = node
         self.subs: dict[int, Subgraph] = {}
@@ -115,7 +114,7 @@ class Node:
             if isinstance(a, torch.fx.Node) and a.op == "get_attr":
                 mod = getattr(gm, a.target)
                 if isinstance(mod, torch.fx.GraphModule):
-                    self.subs[id(mod)] = Subgraph(mod)
+                    self.subs[id(mod)] = Subgraph(mod, program_of)
         self.random = any(s.random for s in self.subs.values())
 
     def sub(self, gm) -> Subgraph:

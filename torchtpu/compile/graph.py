@@ -95,7 +95,7 @@ class Program:
         # collectives: XLA collectives over the process group's mesh (the caller runs us SPMD)
         self.collectives = collectives.context_of(gm)
         # higher-order ops (cond, while_loop, scan, ...): lax control flow over their subgraphs
-        self.hops = {n: control_flow.Node(gm, n) for n in self.nodes
+        self.hops = {n: control_flow.Node(gm, n, Program) for n in self.nodes
                      if n.op == "call_function" and control_flow.handles(n.target)}
         self.n_random += sum(h.random for h in self.hops.values())
         for n in self.nodes:

@@ -33,6 +33,19 @@ from .op_program import Compiled, jit_packed
 
 OPS = (cond_op, while_loop_op, scan_op, map_impl, associative_scan_op)
 
+# How a traced ATen graph becomes a program over JAX values: compile/'s decomposition
+# table and graph.Program. compile/ sits above eager/, so it installs them here when it
+# is imported (torchtpu imports it); defer_and_fuse control flow is their only user here.
+_graph_lowering: dict = {}
+
+
+def install_graph_lowering(decompositions, program) -> None:
+    """`decompositions()`: the table make_fx decomposes with; `program(gm)`: the graph as a
+    callable (inputs, rngdata) -> (outputs, mutated) with `n_random`."""
+    _graph_lowering["decompositions"] = decompositions
+    _graph_lowering["program"] = program
+
+
 class _HopCompiled(Compiled):
     """A traced higher-order op in the form deferred.record takes any op's executable."""
 
@@ -80,9 +93,8 @@ class _Node:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from ..compile import decomps
-        from ..compile.graph import Program
-
+        if not _graph_lowering:
+            raise RuntimeError("torchtpu: control flow under defer_and_fuse needs torchtpu.compile imported")
         spec = torch.utils._pytree.tree_flatten((args, kwargs))[1]
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -99,9 +111,9 @@ class _Node:
         mode = FakeTensorMode(shape_env=ShapeEnv())  # while_loop's tracing asks for one
         fakes = [mode.from_tensor(t.detach(), static_shapes=True) for t in tensors]
         with torch._C._AutoDispatchBelowAutograd():
-            gm = make_fx(call, tracing_mode="fake", decomposition_table=decomps.table())(*fakes)
+            gm = make_fx(call, tracing_mode="fake", decomposition_table=_graph_lowering["decompositions"]())(*fakes)
         self.gm = gm
-        self.program = Program(gm, host_part=False)
+        self.program = _graph_lowering["program"](gm)
         out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         # the op's own output structure (a tuple: autograd.Function wraps only tuple outputs)
         flat, self.out_spec = torch.utils._pytree.tree_flatten(

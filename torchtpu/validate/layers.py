@@ -73,12 +73,6 @@ MODULE_LAYERS: dict[str, tuple[str, str]] = {
 # import goes (the test fails on a stale entry); never add one for new code without an
 # issue item that will remove it.
 ALLOWED: dict[tuple[str, str], str] = {
-    # eager -> compile
-    ("torchtpu/eager/control_flow.py", "torchtpu.compile.graph"): (
-        "control flow (landed after issue 14): eager traces torch.cond/while_loop into compile's Program; "
-        "the traced-program piece moves below eager (or compile installs it as a hook)"),
-    ("torchtpu/eager/control_flow.py", "torchtpu.compile.decomps"): (
-        "control flow (landed after issue 14): the decomposition table moves below eager with Program"),
 }
 
 # Modules in import cycles today (issue 14: "no import circle"). A module joining a cycle
@@ -87,8 +81,6 @@ KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
     # runtime/storage <-> runtime/inflight: retiring a dropped storage's buffer, and inflight
     # reading the storage table back (lazy)
     "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
-    # compile/graph.py <-> compile/control_flow.py (control flow, landed after the issue)
-    "torchtpu.compile.control_flow", "torchtpu.compile.graph",
 })
 
 
