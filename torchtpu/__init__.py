@@ -8,6 +8,7 @@ where one exists, else a GPU, else the host CPU.
 """
 from __future__ import annotations
 
+from . import config  # every TORCHTPU_* environment variable, read once here
 from .runtime import jaxenv as _jaxenv  # configures JAX first (x64)
 from .device import registration as _registration
 
@@ -85,8 +86,8 @@ from .runtime import cache as _cache  # noqa: E402
 
 _cache.count_compile_time()
 
-if _os.environ.get("TORCHTPU_CACHE_DIR"):
-    compile_cache_dir(_os.environ["TORCHTPU_CACHE_DIR"])
+if config.startup.cache_dir:
+    compile_cache_dir(config.startup.cache_dir)
 
 
 def set_eager_mode(mode: str) -> None:
@@ -252,6 +253,7 @@ def lowered_ops() -> list[str]:
 
 
 __all__ = [
+    "config",
     "set_eager_mode",
     "get_eager_mode",
     "eager_mode",

@@ -165,7 +165,7 @@ def _worker(argv) -> int:
                                        "regions_with_collectives", "regions_replayed")}
     print("RESULT " + json.dumps(dict(rank=rank, world=world, ms=ms, blocks=blocks, warmup_s=warm_s,
                                       init_s=init_s, last_loss=final[-1], warm_losses=final[:a.warmup],
-                                      collectives=os.environ.get("TORCHTPU_COLLECTIVES", "in_graph"),
+                                      collectives=torchtpu.config.read("collectives"),
                                       metrics=counts)), flush=True)
     if world > 1:
         dist.destroy_process_group()

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from .. import config
 from ..metrics import bump
 
 _counter = {"graphs": 0}
@@ -101,7 +102,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
     # cheap ones to save memory. On XLA:CPU saving was faster (small GPT fwd+bwd 15.6 vs
     # 22.6 ms); TORCHTPU_PARTITIONER=min_cut trades that for memory.
     partition = (min_cut_rematerialization_partition
-                 if os.environ.get("TORCHTPU_PARTITIONER") == "min_cut" else default_partition)
+                 if config.read("partitioner") == "min_cut" else default_partition)
 
     bump("dynamo_graphs")
     inner = aot_autograd(

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
-import os
 
 import torch
 
+from .. import config
 from ..metrics import bump
 # shared with fused regions and the process group (spmd/); compile/graph.py and
 # compile/runtime.py reach them through this module, torchtpu.set_collectives too
@@ -29,6 +29,7 @@ from ..spmd.mode import get_collectives, set_collectives  # noqa: F401 - re-expo
 from ..spmd.program import spmd  # noqa: F401 - re-exported
 
 funcol = torch.ops._c10d_functional
+
 
 
 def _group_arg(node) -> str | None:
@@ -155,8 +156,8 @@ def _tuple_output(sub: torch.fx.GraphModule) -> bool:
 # first, so their reduction can start early); TORCHTPU_FIRST_BUCKET_MB does the same here.
 # By default it is as big as the others: on XLA:CPU a second collective cost more than the
 # overlap it allowed (bench dist, small GPT).
-BUCKET_BYTES = int(float(os.environ.get("TORCHTPU_BUCKET_MB", "25")) * (1 << 20))
-FIRST_BUCKET_BYTES = int(float(os.environ.get("TORCHTPU_FIRST_BUCKET_MB", "25")) * (1 << 20))
+BUCKET_BYTES = int(config.startup.bucket_mb * (1 << 20))
+FIRST_BUCKET_BYTES = int(config.startup.first_bucket_mb * (1 << 20))
 
 
 def _meta(shape, dtype) -> torch.Tensor:

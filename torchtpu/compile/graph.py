@@ -18,7 +18,6 @@ table does not hold is handled here by kind:
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 from jax._src.lax.lax import _convert_element_type
 
+from .. import config
 from ..metrics import fallback as count_fallback
 from ..eager import fallback as eager_fallback
 from ..ops import checks as _checks
@@ -80,7 +80,7 @@ class Program:
         # hand values back to the CPU and nothing waits for the device
         # (not in a control-flow body: all of it runs inside the loop or branch)
         self.host = HostPart.of(gm, self.nodes) \
-            if host_part and os.environ.get("TORCHTPU_HOST_PART", "1") != "0" else None
+            if host_part and config.read("host_part") else None
         host_nodes = self.host.nodes if self.host is not None else frozenset()
         # graph inputs the program overwrites (aot_autograd's copy_ into a placeholder)
         ph = set(self.placeholders)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .. import config
 from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
@@ -365,7 +366,7 @@ def _write_host(args, host, packed) -> None:
 
 
 def _maybe_dump(compiled: CompiledGraph, fn, donated, kept, host_values=(), offsets=()) -> None:
-    path = os.environ.get("TORCHTPU_DUMP_STABLEHLO")
+    path = config.read("dump_stablehlo")
     if not path and not _dumping:
         return
     rngdata = (np.uint32(0),) * 3 if compiled.program.n_random else ()

@@ -22,6 +22,7 @@ import weakref
 import jax
 
 from .. import metrics
+from ..config import startup
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
@@ -36,7 +37,7 @@ from .origin import where as _where
 from .recordable import Recordable, RecordedOp, count_run
 
 _lock = threading.RLock()
-MAX_OPS = int(os.environ.get("TORCHTPU_DEFER_MAX_OPS", "4096"))
+MAX_OPS = startup.defer_max_ops
 
 
 class _Node:
@@ -81,7 +82,7 @@ _fused_cache: dict = {}
 # signature in it is marked churning. Later regions holding a fresh signature of a
 # churning key are replayed as well; a signature seen again after a replay is a stable
 # shape and fuses normally.
-CHURN = int(os.environ.get("TORCHTPU_DEFER_CHURN", "12"))
+CHURN = startup.defer_churn
 _fused_sigs: set = set()  # op executables that ran inside a fused region
 _replayed: set = set()  # op executables that ran in a replayed region
 _churning: set = set()  # shape-free keys seen churning
@@ -278,7 +279,7 @@ def _donatable(inputs) -> tuple:
 # == 3` inside `enumerate(inputs)`, whose reused result tuple holds one more reference, so
 # it never held and no region ever donated; turning it on is a change of its own (XLA warns
 # about donated buffers no output can reuse, such as a CPU scalar operand's).
-DONATE = os.environ.get("TORCHTPU_DEFER_DONATE", "0") not in ("0", "")
+DONATE = startup.defer_donate
 
 
 def _replay(g, inputs, out_refs):

@@ -7,7 +7,6 @@ an op with no lowering raises NotImplementedError naming the overload.
 """
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -15,9 +14,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .. import metrics
+from ..config import startup
 from ..runtime import rng, storage, tensors
 
-_state = {"enabled": os.environ.get("TORCHTPU_FALLBACK", "1") not in ("0", "false", "False")}
+_state = {"enabled": startup.fallback}
 _warned: set = set()
 _lock = threading.Lock()
 

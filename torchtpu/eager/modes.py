@@ -6,9 +6,9 @@ device thread and must see the mode (and the pending graph) the user set.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
+from ..config import startup
 from ..runtime import pending
 
 MODES = ("strict", "debug", "defer_and_fuse")
@@ -17,13 +17,13 @@ _lock = threading.Lock()
 
 
 def _from_env() -> str:
-    mode = os.environ.get("TORCHTPU_EAGER_MODE", "strict").strip() or "strict"
+    mode = startup.eager_mode
     if mode not in MODES:
         raise ValueError(f"TORCHTPU_EAGER_MODE={mode!r}: expected one of {', '.join(MODES)}")
     return mode
 
 
-_state = {"mode": _from_env(), "debug_nans": os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("0", "")}
+_state = {"mode": _from_env(), "debug_nans": startup.debug_nans}
 
 
 def get() -> str:

@@ -8,7 +8,6 @@ same traceable program is a node of defer_and_fuse regions (eager/recordable.py)
 from __future__ import annotations
 
 import math
-import os
 import weakref
 
 import jax
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from .. import metrics
+from ..config import startup
 from ..ops import checks as _checks
 from ..ops import registry
 from ..ops.registry import Lowering
@@ -169,7 +169,7 @@ def abstract(compiled: Compiled, entries, random: bool) -> None:
 # also take the older loop emitters instead of the MLIR fusion emitters, which cost 2-3x
 # the compile time of a one-op program (x * 0.5: 23 vs 11 ms; q @ k.T + softmax: 62 vs
 # 24 ms, both at -O0) and whose run-time gains do not matter for a program run a few times.
-FAST_AFTER = int(os.environ.get("TORCHTPU_FAST_COMPILE_AFTER", "4"))
+FAST_AFTER = startup.fast_compile_after
 _FAST_OPTIONS = {"xla_backend_optimization_level": 0}
 _FAST_OPTIONS_CPU = dict(_FAST_OPTIONS, xla_cpu_use_fusion_emitters=False)
 shapes_seen: dict = {}  # shape-free key -> executables made for it

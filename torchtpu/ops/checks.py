@@ -20,15 +20,15 @@ off, or a helper jit) reporting is a no-op and the lowering keeps XLA's semantic
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Callable
 
 import jax.numpy as jnp
 
+from ..config import startup
 from ..runtime.checks import ROW  # one row per check: its layout is the reader's (runtime/checks)
 
-_enabled = [os.environ.get("TORCHTPU_CHECKS", "1").strip() not in ("0", "false", "False", "")]
+_enabled = [startup.checks]
 _tls = threading.local()  # the collector of the trace in progress on this thread
 
 

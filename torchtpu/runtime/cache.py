@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from ..config import startup
+
 
 def compile_cache_dir(path: str | os.PathLike | None) -> None:
     """Keep XLA executables in `path` so a later process skips XLA compilation
@@ -58,9 +60,9 @@ def count_compile_time() -> None:
 # to the OS (glibc keeps it otherwise, so resident memory would not show the release).
 
 _limits = {
-    "total": int(os.environ.get("TORCHTPU_MAX_EXECUTABLES", "4096")),
-    "per_op": int(os.environ.get("TORCHTPU_MAX_EXECUTABLES_PER_OP", "1024")),
-    "regions": int(os.environ.get("TORCHTPU_MAX_REGIONS", "512")),
+    "total": startup.max_executables,
+    "per_op": startup.max_executables_per_op,
+    "regions": startup.max_regions,
 }
 
 

@@ -3,7 +3,7 @@
 for compiled graphs and fused regions, so both read it here."""
 from __future__ import annotations
 
-import os
+from .. import config
 
 _mode = {"value": None}
 
@@ -18,7 +18,7 @@ def set_collectives(mode: str) -> None:
 
 
 def get_collectives() -> str:
-    mode = _mode["value"] or os.environ.get("TORCHTPU_COLLECTIVES", "in_graph")
+    mode = _mode["value"] or config.read("collectives")
     if mode not in ("in_graph", "skinny"):
         raise ValueError(f"TORCHTPU_COLLECTIVES must be 'in_graph' or 'skinny', got {mode!r}")
     return mode

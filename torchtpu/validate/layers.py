@@ -41,7 +41,8 @@ from pathlib import Path
 # and the runtime; and no lower layer imports device/ (checked: only torchtpu/__init__.py
 # does). So it is the outermost adapter, above compile/distributed/kernels and below the
 # torchtpu facade, like a driver's registration that sits on top of the driver.
-# metrics.py (process-wide counters, stdlib only) is read by every layer: it is the floor.
+# metrics.py (process-wide counters) and config.py (the TORCHTPU_* environment variables),
+# both stdlib only, are read by every layer: they are the floor.
 # compile, distributed and kernels are peers: none may import another. What compiled
 # graphs, fused regions and the process group share is spmd/ (mesh axis, reduce kinds,
 # collective bodies, the SPMD program wrapper). It sits below eager/, not just below
@@ -50,7 +51,7 @@ from pathlib import Path
 # process-group side of such a region (cross-rank agreement, the watched launch) stays in
 # distributed/, which installs it into deferred as a hook (set_collective_region_runner).
 LAYERS: list[tuple[str, ...]] = [
-    ("metrics",),                              # counters, stdlib only
+    ("metrics", "config"),                     # counters; TORCHTPU_* settings (both stdlib only)
     ("runtime",),                              # storage table, transfers, geometry, JAX env
     ("ops",),                                  # ATen -> JAX lowerings and their rules
     ("spmd",),                                 # mesh axis, reduce kinds, collective bodies, spmd()
