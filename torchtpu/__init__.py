@@ -152,7 +152,8 @@ def executable_limit() -> dict:
 
 
 def clear_caches() -> None:
-    """Drop every cached executable (eager ops, fused regions) and JAX's own compile
+    """Drop every cached executable (eager ops, fused regions, control flow) and every other
+    module-level cache torchtpu keeps (runtime/cache.sizes() lists them), JAX's own compile
     caches, and give the freed memory back; later calls compile again."""
     from .eager import deferred as _d
     from .eager import executor as _e
@@ -161,6 +162,7 @@ def clear_caches() -> None:
 
     _d.flush("clear_caches")
     _e.clear_cache()
+    _c.clear_registered()  # every module-level cache (runtime/cache.register)
     _jax.clear_caches()
     _c.evict({}, ())
     _c._trim_heap()

@@ -26,6 +26,8 @@ import weakref
 
 import torch
 
+from ..runtime import cache as _caches
+
 LOWER = "lower_precision_fp"
 FP32 = "fp32"
 FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"
@@ -98,7 +100,7 @@ def _eligible(t) -> bool:
 # cast is held weakly: reused while anything (autograd's saved tensors, a second use in the
 # same forward) keeps it alive, and never outliving its use. The source's version counter
 # keeps an in-place update (an optimizer step) from reusing a stale cast.
-_cache: dict[int, tuple] = {}
+_cache: dict[int, tuple] = _caches.register("autocast casts", {})  # entries leave with their cast
 
 
 def _cast(to, t):

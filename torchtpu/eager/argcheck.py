@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
+from ..runtime import cache as _caches
+
 # Errors that say "the meta kernel cannot decide", never "the arguments are wrong".
 _UNDECIDABLE = (
     "meta", "data-dependent", "data dependent", "Cannot access data pointer", "not allocated",
@@ -41,7 +43,7 @@ SKIP = {"narrow_copy.default",
         # checked by their kernels (eager/composites/indexing.py), which warn for uint8 masks as CPU
         # does once per call; the meta kernel's own warning would reach the user on top of it
         "index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default"}
-_passed: set = set()
+_passed: set = _caches.register("argument checks passed", set())  # at most _MAX_PASSED
 _MAX_PASSED = 100_000
 
 

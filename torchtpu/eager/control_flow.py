@@ -26,6 +26,7 @@ from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from .. import metrics
+from ..runtime import cache as _caches
 from ..runtime import leaf as _leaf
 from ..runtime import storage
 from . import deferred, modes
@@ -52,7 +53,7 @@ class _HopCompiled(Compiled):
     __slots__ = ("node", "low")
 
 
-_cache: dict = {}
+_cache = _caches.register("control flow executables", _caches.LRU(_caches.limit("per_op")))
 _lock = threading.Lock()
 
 

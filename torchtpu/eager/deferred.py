@@ -15,7 +15,6 @@ compiled fused: see the compile-storm guard below.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
@@ -25,6 +24,7 @@ from .. import metrics
 from ..config import startup
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
+from ..runtime import cache as _caches
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, pending, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
@@ -72,7 +72,7 @@ class _Graph:
 
 
 _graph = _Graph()
-_fused_cache: dict = {}
+_fused_cache: dict = _caches.register("fused regions", {})  # bounded by the regions limit
 
 # Compile-storm guard. A region whose op signatures keep changing shape (greedy decoding
 # with a growing KV cache) never repeats: compiling it fused is wasted work (a minute for
@@ -83,15 +83,17 @@ _fused_cache: dict = {}
 # churning key are replayed as well; a signature seen again after a replay is a stable
 # shape and fuses normally.
 CHURN = startup.defer_churn
-_fused_sigs: set = set()  # op executables that ran inside a fused region
-_replayed: set = set()  # op executables that ran in a replayed region
-_churning: set = set()  # shape-free keys seen churning
+# bounded as the eager op executables they hold (unbounded, they kept evicted ones alive)
+_fused_sigs = _caches.register("fused signatures", _caches.LRUSet(_caches.limit("total")))  # ran in a fused region
+_replayed = _caches.register("replayed signatures", _caches.LRUSet(_caches.limit("total")))  # ran in a replayed one
+_churning = _caches.register("churning keys", _caches.LRUSet(_caches.limit("total")))  # shape-free keys seen churning
 
 
 def forget_signatures() -> None:
     _fused_sigs.clear()
     _replayed.clear()
     _churning.clear()
+
 
 
 def pending_count() -> int:

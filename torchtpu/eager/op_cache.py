@@ -11,10 +11,10 @@ from ..runtime import cache as _exe_cache
 from . import deferred
 from .op_program import shapes_seen
 
-cache: dict = {}
+cache: dict = _exe_cache.register("eager op executables", {})  # bounded by the executable limits
 lock = threading.Lock()
 clock = itertools.count(1)  # an op call's time, for least-recently-used eviction
-_per_op: dict = {}  # op name -> executables of it in cache
+_per_op: dict = _exe_cache.register("eager op executables per op", {})  # op name -> its executables in cache
 
 
 def admit(key, compiled) -> None:

@@ -20,6 +20,7 @@ from ..config import startup
 from ..ops import checks as _checks
 from ..ops import registry
 from ..ops.registry import Lowering
+from ..runtime import cache as _caches
 from ..runtime import donation, rng
 from ..runtime import leaf as _leaf
 from ..runtime.jaxenv import to_torch_dtype
@@ -172,7 +173,7 @@ def abstract(compiled: Compiled, entries, random: bool) -> None:
 FAST_AFTER = startup.fast_compile_after
 _FAST_OPTIONS = {"xla_backend_optimization_level": 0}
 _FAST_OPTIONS_CPU = dict(_FAST_OPTIONS, xla_cpu_use_fusion_emitters=False)
-shapes_seen: dict = {}  # shape-free key -> executables made for it
+shapes_seen: dict = _caches.register("eager op shapes seen", {})  # shape-free key -> executables made for it
 
 
 def _fast_options() -> dict:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import sys
 
+from ..runtime import cache as _caches
+
 _SKIP_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (sys.modules["torch"], sys.modules["torchtpu"])
 )
-_internal_code: dict = {}  # code object -> is it torch's or torchtpu's (not the user's)
+_internal_code: dict = _caches.register("issuing code", {})  # code object -> torch's or torchtpu's (not the user's)?
 
 
 def user_frame():

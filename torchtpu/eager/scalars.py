@@ -12,6 +12,8 @@ import jax
 import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
+from ..runtime import cache as _caches
+
 # kind code -> (numpy dtype, weakly typed like a Python scalar of that kind)
 _KINDS = {bool: (0, np.bool_, False), int: (1, np.int64, True), float: (2, np.float64, True),
           complex: (3, np.complex128, True)}
@@ -36,7 +38,7 @@ def _kind_of(v) -> int:
 # repeat costs a dict lookup, not a host-to-device copy (~10 us a call). Floats are not
 # (a learning rate changes every step, and -0.0 == 0.0 would alias two values).
 _EXACT_MAX = 4096
-_exact: dict = {}
+_exact: dict = _caches.register("exact scalar packs", {})  # emptied at _EXACT_MAX
 
 
 def pack_cached(values, codes) -> tuple:

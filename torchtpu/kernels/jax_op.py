@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..ops import registry
+from ..runtime import cache as _caches
 from ..runtime.jaxenv import numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
 from . import schema as _schema
 
@@ -258,6 +259,9 @@ def _eval_shape_cached(op: JaxOp, key: tuple):
         return op.call(a, kw, lowered=False)
 
     return jax.eval_shape(f, *[vals[i] for i in arrays])
+
+
+_caches.register("jax_op output shapes", _eval_shape_cached)
 
 
 def _eval_shape(op: JaxOp, key: tuple):

@@ -1,7 +1,10 @@
-"""The persistent compilation cache: XLA executables kept on disk across processes."""
+"""Caches: the persistent XLA compilation cache on disk, the bounds of the executable caches,
+and the registry of every module-level cache (bounded; emptied by torchtpu.clear_caches())."""
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
+from typing import Any, Callable
 
 from ..config import startup
 
@@ -79,6 +82,11 @@ def set_executable_limit(total: int | None = None, per_op: int | None = None,
 
 def executable_limit() -> dict:
     return dict(_limits)
+
+
+def limit(name: str) -> Callable[[], int]:
+    """The bound `name` ("total", "per_op", "regions") as it is when called: an LRU's maxsize."""
+    return lambda: _limits[name]
 
 
 def _trim_heap() -> None:
@@ -205,3 +213,91 @@ def out_of_memory(err: BaseException, what: str, released: int = 0):
     gave = f"; released {released} cached executables (bound them with torchtpu.set_executable_limit)" \
         if released else ""
     return torch.OutOfMemoryError(f"torchtpu: out of memory running {what}{gave}: {err}")
+# ---- every module-level cache, bounded and registered ----------------------------------------
+#
+# A cache a module keeps for the life of the process grows with the shapes, signatures and
+# scalars a program shows it; unbounded, a long sweep (the OpInfo suite) grew by gigabytes.
+# Each one is bounded (LRU by count, or its own eviction as the executable caches above) and
+# registered here under a name, so torchtpu.clear_caches() empties them all and a test can
+# check that it does.
+
+
+class LRU(OrderedDict):
+    """A dict of at most `maxsize` entries: storing a new key past it drops the least recently
+    used; get() and storing count as a use. `maxsize` may be a callable (a limit read when
+    storing, so set_executable_limit applies at once)."""
+
+    def __init__(self, maxsize: "int | Callable[[], int]"):
+        super().__init__()
+        self._maxsize = maxsize
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize() if callable(self._maxsize) else self._maxsize
+
+    def get(self, key, default=None):
+        try:  # one step, so a racing eviction is a miss rather than a KeyError
+            self.move_to_end(key)
+            return super().__getitem__(key)
+        except KeyError:
+            return default
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        limit = self.maxsize
+        while len(self) > limit:
+            self.popitem(last=False)
+
+
+class LRUSet:
+    """A set of at most `maxsize` members, the least recently added or seen dropped first."""
+
+    def __init__(self, maxsize: "int | Callable[[], int]"):
+        self._items = LRU(maxsize)
+
+    def add(self, item) -> None:
+        self._items[item] = None
+
+    def update(self, items) -> None:
+        for item in items:
+            self._items[item] = None
+
+    def discard(self, item) -> None:
+        self._items.pop(item, None)
+
+    def __contains__(self, item) -> bool:
+        return item in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(list(self._items))
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+_registry: dict[str, tuple[Callable[[], int], Callable[[], None]]] = {}
+
+
+def register(name: str, cache: Any = None, *, size: "Callable[[], int] | None" = None,
+             clear: "Callable[[], None] | None" = None) -> Any:
+    """Enter `cache` (anything with len() and clear(), or an functools.lru_cache function) as
+    `name`, so clear_registered() empties it; returns it, for `_x = register("x", LRU(n))`."""
+    if hasattr(cache, "cache_clear"):  # a functools.lru_cache function
+        size = size or (lambda: cache.cache_info().currsize)
+        clear = clear or cache.cache_clear
+    _registry[name] = (size or (lambda: len(cache)), clear or cache.clear)
+    return cache
+
+
+def sizes() -> dict[str, int]:
+    """Entries held by each registered cache."""
+    return {name: size() for name, (size, _) in _registry.items()}
+
+
+def clear_registered() -> None:
+    for _, clear in _registry.values():
+        clear()
