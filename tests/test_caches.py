@@ -8,6 +8,7 @@ import pathlib
 import torch
 
 import torchtpu
+from torchtpu.eager import dynamism  # noqa: F401 - imported on first use; registers its cache
 from torchtpu.runtime import cache
 
 
@@ -43,7 +44,7 @@ def test_lru_set():
 EXPECTED = {
     "eager op executables", "eager op executables per op", "eager op shapes seen", "fused regions",
     "fused signatures", "replayed signatures", "churning keys", "issuing code", "control flow executables",
-    "exact scalar packs", "argument checks passed", "autocast casts", "jax_op output shapes",
+    "exact scalar packs", "argument checks passed", "autocast casts", "jax_op output shapes", "dynamic lowerings",
 }
 
 
@@ -107,6 +108,7 @@ NOT_CACHES = {
     "SERVED": "eager/kernels.py: ops served natively",
     "_warned": "eager/fallback.py: ATen op names warned about once, bounded by the op count",
     "_grown": "eager/growth.py: weak, entries leave with their storages",
+    "_marked": "eager/dynamism.py: weak, the dynamic dims of live storages",
 }
 # distributed/ is being split by another change; its module-level caches (fused.py's per
 # region/group dicts, backend.py's lru_cache(maxsize=256) chunk layouts) are audited and

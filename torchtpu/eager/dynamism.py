@@ -19,6 +19,7 @@ of it is dynamic in the dim with the marked stride and the true size.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
@@ -26,6 +27,7 @@ import torch
 from ..metrics import bump
 from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
+from ..runtime import cache as _caches
 from ..runtime import storage, tensors
 from ..runtime.storage import _table
 from . import executor, growth
@@ -44,7 +46,11 @@ class Dyn:
 
 
 _marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage entry -> Dyn
-_lowerings: dict = {}  # (lowering name, mode, Ctx) -> the lowering over padded inputs
+# (lowering name, mode, Ctx) -> the lowering over padded inputs; bounded as one op's executables.
+# Names take a serial number, not the cache's size, so a lowering made after an eviction is
+# never named like a live one (executables are cached by lowering name).
+_lowerings = _caches.register("dynamic lowerings", _caches.LRU(_caches.limit("per_op")))
+_serial = itertools.count()
 
 
 def bucket(n: int, lower: int = 0, upper: int | None = None) -> int:
@@ -248,7 +254,7 @@ def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
             return rules.apply(rule, low.fn, ctx, *args, **kwargs)
 
         syn = _lowerings[key] = Lowering(
-            f"{low.name}[dynamic {len(_lowerings)}]", fn, low.overload,
+            f"{low.name}[dynamic {next(_serial)}]", fn, low.overload,
             low.args + [ArgInfo("dyn_n", "scalar", True, False)], low.promote, low.promote_args,
             low.static, low.random, low.mode, low.mutated, functional=low.functional)
     return syn
