@@ -14,6 +14,7 @@ import socket
 
 import jax
 
+from .. import config
 from ..runtime import jaxenv
 
 _KEY = "torchtpu/jax_coordinator"
@@ -61,7 +62,7 @@ def bring_up(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
             )
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if rank == 0:
-            addr = os.environ.get("TORCHTPU_COORDINATOR_ADDRESS") or f"{_coordinator_host()}:{_free_port()}"
+            addr = config.read("coordinator_address") or f"{_coordinator_host()}:{_free_port()}"
             store.set(_KEY, addr)
         else:
             addr = store.get(_KEY).decode()

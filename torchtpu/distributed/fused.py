@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import torch
 
 from ..eager import deferred, modes, scalars
+from ..runtime import cache as _caches
 from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from ..spmd.functional import LOWERINGS
@@ -197,7 +198,7 @@ def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
     return True
 
 
-_nodes: dict = {}
+_nodes = _caches.register("fused collective nodes", _caches.LRU(_caches.limit("total")))  # a memo: evictable
 _ops: dict = {}
 _contexts: dict = {}
 
@@ -260,7 +261,7 @@ def install() -> None:
 
 # ---- running a region that holds collectives ------------------------------------------------
 
-_summaries: dict = {}
+_summaries = _caches.register("fused collective summaries", _caches.LRU(_caches.limit("regions")))
 
 
 def _summary(fkey, nodes) -> tuple[str, str]:

@@ -12,7 +12,6 @@ Fused regions (fused.py) and compiled graphs use the public methods: `launch`,
 from __future__ import annotations
 
 import datetime
-import os
 import time
 
 import jax
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .. import config
 from ..eager import deferred
 from ..spmd.mesh import AXIS
 from .agreement import Agreement, shape_str
@@ -37,8 +37,8 @@ class TpuProcessGroup(CollectiveOps, PointToPoint, dist.ProcessGroup):
     def __init__(self, rank: int, size: int, global_ranks, timeout: datetime.timedelta, name: str = "",
                  store=None):
         super().__init__(rank, size)
-        checked = store is not None and size > 1 and os.environ.get("TORCHTPU_DIST_CHECK", "1") != "0"
-        grace = min(float(os.environ.get("TORCHTPU_DIST_CHECK_GRACE", "5")), timeout.total_seconds())
+        checked = store is not None and size > 1 and config.read("dist_check")
+        grace = min(config.read("dist_check_grace"), timeout.total_seconds())
         self._agreement = (Agreement(store, rank, size, grace, timeout.total_seconds(), self.getGroupName)
                            if checked else None)
         self._rank = rank

@@ -15,6 +15,8 @@ import threading
 import time
 from collections import deque
 
+from .. import config
+
 
 class TpuDistError(RuntimeError):
     """A collective failed or timed out (the message names it)."""
@@ -29,7 +31,7 @@ class Watchdog:
         self.current = None  # (desc, t0, timeout, info) of the collective being waited on
         self.dispatching = None  # the same while the user's thread is inside the launch
         self.error: str | None = None
-        self.abort = os.environ.get("TORCHTPU_DIST_ABORT", "1") != "0"
+        self.abort = config.read("dist_abort")
         threading.Thread(target=self._wait_loop, name="torchtpu-dist-waiter", daemon=True).start()
         threading.Thread(target=self._monitor_loop, name="torchtpu-dist-monitor", daemon=True).start()
 

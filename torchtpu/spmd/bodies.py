@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..runtime import cache as _caches
 from .mesh import AXIS
 
 
@@ -129,3 +130,7 @@ def unpad_chunks(recv_sizes, m):
         return jnp.concatenate([y[j, : recv_sizes[j]] for j in range(len(recv_sizes))])
 
     return unpad
+
+
+_caches.register("all_to_all chunk layouts", pad_chunks)
+_caches.register("all_to_all chunk unlayouts", unpad_chunks)
