@@ -35,7 +35,7 @@ PARSED = [
     ("defer_donate", "1", True), ("defer_donate", "", False), ("defer_donate", "0", False),
     ("cache_dir", "", None), ("cache_dir", "/x", "/x"),
     ("collectives", "skinny", "skinny"), ("collectives", "", ""),
-    ("bucket_mb", "0.5", 0.5), ("first_bucket_mb", "1", 1.0),
+    ("bucket_mb", "0.5", 0.5), ("compile_headroom_mb", "64", 64.0), ("first_bucket_mb", "1", 1.0),
     ("partitioner", "min_cut", "min_cut"), ("host_part", "0", False), ("host_part", "off", True),
     ("dump_stablehlo", "", None), ("dump_stablehlo", "/d", "/d"),
     ("coordinator_address", "", None), ("coordinator_address", "h:1", "h:1"),

@@ -83,6 +83,8 @@ class Config:
     max_executables_per_op: int = _var("TORCHTPU_MAX_EXECUTABLES_PER_OP", "1024", _int("1024"),
                                        "executables kept per op and per compiled graph")
     max_regions: int = _var("TORCHTPU_MAX_REGIONS", "512", _int("512"), "fused defer_and_fuse regions kept")
+    compile_headroom_mb: float = _var("TORCHTPU_COMPILE_HEADROOM_MB", "192", _float("192"),
+                                      "host memory (MB) a compile must find free, else cached executables go first")
     cache_dir: Optional[str] = _var("TORCHTPU_CACHE_DIR", "unset", _path,
                                     "persistent XLA compilation cache directory (`compile_cache_dir`)")
     # defer_and_fuse

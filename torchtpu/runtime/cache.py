@@ -135,7 +135,7 @@ def is_out_of_memory(err: BaseException) -> bool:
 # allocate memory", seen at a few thousand programs). So a compile that would start on an
 # exhausted heap first gives back every cached executable, and if that is not enough raises
 # torch.OutOfMemoryError instead. A floor, not a prediction of what a program needs.
-COMPILE_HEADROOM_MB = float(os.environ.get("TORCHTPU_COMPILE_HEADROOM_MB", "192"))
+COMPILE_HEADROOM_MB = startup.compile_headroom_mb
 
 
 def memory_left() -> float | None:
