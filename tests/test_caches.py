@@ -111,6 +111,7 @@ NOT_CACHES = {
     "_marked": "eager/dynamism.py: weak, the dynamic dims of live storages",
     "_contexts": "distributed/fused.py: one per live process group (holds its agreement state)",
     "_ops": "distributed/fused.py: one per collective kind",
+    "_graph_lowering": "eager/control_flow.py: the hook compile/ installs (two entries)",
 }
 
 
