@@ -157,7 +157,7 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
                     result.append(None)
                     continue
                 p = Pending(j, k, g)
-                t, e = tensors.empty_with_entry(meta[0], meta[1], p)
+                t, e = tensors.empty_with_entry(meta[0], meta[1], p, *meta[2:])  # [2]: strides (None: contiguous)
                 written.append((weakref.ref(e), p))
                 result.append(t)
                 k += 1

@@ -20,7 +20,7 @@ from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, pending, precision, program_timing, rng, tensors
-from . import argcheck, deferred, growth, modes, scalars
+from . import argcheck, deferred, growth, memory_format, modes, scalars
 from .op_args import flatten
 from .op_cache import admit, cache_size, clear_cache, clock, drop
 from .op_cache import cache as _cache  # noqa: F401  (tests read the cache here)
@@ -75,7 +75,8 @@ def _execute(low: Lowering, args, kwargs):
             argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
         compiled = Compiled()
         compiled.key = key
-        compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled)
+        compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,
+                                 memory_format.result_strides(low, args, kwargs))
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
         admit(key, compiled)
     compiled.used = next(clock)
@@ -149,14 +150,14 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         return None
     it = iter(outs)
     if flags is None:
-        results = [None if o is None else tensors.empty(o[0], o[1], next(it)) for o in compiled.outs]
+        results = [None if o is None else tensors.empty(o[0], o[1], next(it), o[2]) for o in compiled.outs]
         return _finish(low, compiled, args, kwargs, results)
     results, written = [], []
     for o in compiled.outs:
         if o is None:
             results.append(None)
             continue
-        t, e = tensors.empty_with_entry(o[0], o[1], next(it))
+        t, e = tensors.empty_with_entry(o[0], o[1], next(it), o[2])
         results.append(t)
         written.append((e, e.buf))
     _flagged(compiled, mode, written, flags)

@@ -18,6 +18,7 @@ from ..runtime import geometry, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import argcheck, composites, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
+from .memory_format import dense_strides
 
 _lib = torch.library.Library("aten", "IMPL")
 _fallback_lib = torch.library.Library("_", "IMPL")
@@ -99,6 +100,8 @@ def _out_kernel(low: Lowering):
                 if o.numel():
                     _warn_resized(o.shape, r.shape)
                 resize_(o, r.shape)
+                if not r.is_contiguous():  # a resized out= takes the result's layout, as on CPU
+                    tensors.set_geometry(o, o.untyped_storage(), r.shape, r.stride(), o.storage_offset())
             copy_(o, r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -190,7 +193,10 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
     _check_device(device, "empty")
     if pin_memory:
         raise RuntimeError("empty: pin_memory is not supported for tpu tensors")
-    return tensors.empty(size, dtype or torch.get_default_dtype())
+    t = tensors.empty(size, dtype or torch.get_default_dtype())
+    if memory_format in (torch.channels_last, torch.channels_last_3d):  # a fresh buffer: strides only
+        tensors.set_geometry(t, t.untyped_storage(), t.shape, _strides_for(tuple(t.shape), memory_format), 0)
+    return t
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -219,15 +225,7 @@ def _strides_for(size, memory_format) -> tuple:
         if len(size) != want:
             name = "channels_last" if want == 4 else "channels_last_3d"
             raise RuntimeError(f"required rank {want} tensor to use {name} format")
-        # the channel dim (1) innermost, then the spatial dims, then the batch
-        order = [1] + list(range(len(size) - 1, 1, -1)) + [0]
-        strides = [0] * len(size)
-        acc = 1
-        for d in order:
-            strides[d] = acc
-            acc *= max(size[d], 1)
-        return tuple(strides)
-    return geometry.contiguous_strides(size)
+    return dense_strides(size, memory_format)
 
 
 def as_strided(self, size, stride, storage_offset=None):

@@ -24,7 +24,7 @@ from ..runtime import cache as _caches
 from ..runtime import donation, rng
 from ..runtime import leaf as _leaf
 from ..runtime.jaxenv import to_torch_dtype
-from . import scalars
+from . import memory_format, scalars
 from .op_args import TENSOR, decode, target_specs
 
 
@@ -36,7 +36,7 @@ class Compiled:
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
         self.program = None  # the traceable function, reused inside fused regions
-        self.outs = None  # [(shape, torch dtype)] of functional outputs
+        self.outs = None  # [(shape, torch dtype, strides or None: contiguous)] of functional outputs
         self.structure = None  # "none" | "one" | "tuple" | "list"
         self.updated = None  # storage indices an in-place op writes (known after a trace)
         self.ran = False  # fn has run once (so XLA compiled it): later runs are cache hits
@@ -72,8 +72,10 @@ def _pretty(dt: torch.dtype) -> str:
             torch.int16: "Short", torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
-def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled):
-    """The op's traceable program over (storage buffers, runtime scalars, rng data)."""
+def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled, layouts=None):
+    """The op's traceable program over (storage buffers, runtime scalars, rng data).
+    `layouts`: per output, (shape, strides) CPU lays it out in where not contiguous
+    (eager/memory_format.py); such an output leaves in that physical order."""
     mode = low.mode
     nruntime = sum(1 for lf in leaves if lf.offset is None)
     # a weak reference: the executable (compiled.fn) holds this closure, and a cycle would
@@ -109,10 +111,21 @@ def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled):
             outs = [result]
         # None inside a tuple is an output not asked for (output_mask): an undefined tensor
         outs = [None if o is None else jnp.asarray(o) for o in outs]
-        compiled.outs = [None if o is None else (tuple(o.shape), to_torch_dtype(o.dtype)) for o in outs]
+        compiled.outs = [None if o is None else (tuple(o.shape), to_torch_dtype(o.dtype), None) for o in outs]
+        if layouts is not None:
+            outs = _lay_out(compiled, outs, layouts)
         return tuple(o.reshape(-1) for o in outs if o is not None), {}
 
     return program
+
+
+def _lay_out(compiled, outs, layouts):
+    """Each output with a layout in its physical order; compiled.outs carries its strides."""
+    for i, (o, layout) in enumerate(zip(outs, layouts)):
+        if o is not None and layout is not None and layout[0] == o.shape:
+            outs[i] = memory_format.physical(o, layout[1])
+            compiled.outs[i] = compiled.outs[i][:2] + (layout[1],)
+    return outs
 
 
 def _write_back(low, result, pos, kw, leaves, offsets, bufs):

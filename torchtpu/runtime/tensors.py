@@ -16,19 +16,25 @@ META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 
 
-def empty(shape, dtype: torch.dtype, buf=None) -> torch.Tensor:
-    """A new contiguous tpu tensor; `buf` is its flat jax buffer (None: not yet written)."""
+def empty(shape, dtype: torch.dtype, buf=None, strides=None) -> torch.Tensor:
+    """A new dense tpu tensor; `buf` is its flat jax buffer (None: not yet written), laid
+    out contiguously or, given `strides` (a permutation of them: channels_last), in their order."""
     shape = tuple(shape)
     t = _create(shape, dtype)
     storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+    if strides is not None:
+        _set_storage.redispatch(META, t, t.untyped_storage(), 0, list(shape), list(strides))
     return t
 
 
-def empty_with_entry(shape, dtype: torch.dtype, buf=None):
+def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
     """empty() and its storage entry (for the caller that writes the entry's buffer later)."""
     shape = tuple(shape)
     t = _create(shape, dtype)
-    return t, storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+    entry = storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+    if strides is not None:
+        _set_storage.redispatch(META, t, t.untyped_storage(), 0, list(shape), list(strides))
+    return t, entry
 
 
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
