@@ -33,6 +33,9 @@ def _skip_our_frames() -> None:
     for name in ("torchtpu.eager", "torchtpu.ops", "torchtpu.runtime", "torchtpu.compile",
                  "torchtpu.device", "torchtpu.metrics", "jax", "jaxlib"):
         trace_rules.add(name)
+    from . import fake_layout
+
+    fake_layout.install()  # before Dynamo's first trace: tpu convolutions' fake layouts as CPU's
 
 
 class _OnDynamoImport:

@@ -25,6 +25,7 @@ from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
+from ..eager import memory_format
 from . import collectives
 from . import graph as _graph
 
@@ -96,6 +97,9 @@ class CompiledGraph:
             n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in out_node.args[0]
         ]
         self.out_nodes = [n if isinstance(n, torch.fx.Node) else None for n in out_node.args[0]]
+        # outputs whose fake values are laid out otherwise than contiguous (channels_last):
+        # the program writes them in that order and they get those strides, as eager's do
+        self.out_strides = [memory_format.fake_strides(v) for v in self.out_vals]
         # Outputs the program need not produce: an input returned unchanged (aot_autograd's
         # forward returns the parameters it saves for backward) is that input tensor itself,
         # as Inductor returns it, and a node returned twice is one tensor. Each would
@@ -132,6 +136,7 @@ class CompiledGraph:
         Buffers at the positions in `donate` are handed to XLA to overwrite."""
         program = self.program
         reuse = self.reuse
+        out_strides = self.out_strides
         learned = {}
 
         def run(donated, kept, rngdata, host_values, offsets):
@@ -172,7 +177,8 @@ class CompiledGraph:
             outs = [None if o is None else jnp.asarray(o) for o in outs]
             learned["shapes"] = [None if o is None else tuple(o.shape) for o in outs]
             flags = checks.packed() if checks is not None else None  # one flag array per program
-            return [None if o is None else o.reshape(-1) for o in outs], written, packed, flags
+            return [None if o is None else memory_format.physical(o, st).reshape(-1)
+                    for o, st in zip(outs, out_strides)], written, packed, flags
 
         if program.collectives is not None:
             return collectives.spmd(run, program.collectives, bool(donate)), learned
@@ -271,7 +277,9 @@ class CompiledGraph:
                     results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
                     bump("transfers_to_host")
                 else:
-                    results.append(tensors.empty(shape, to_torch_dtype(o.dtype), o))
+                    st = self.out_strides[pos]  # (the program wrote it in that order)
+                    results.append(tensors.empty(shape, to_torch_dtype(o.dtype), o,
+                                                 st if st is not None and len(st) == len(shape) else None))
             elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or isinstance(val, _NUMBERS):
                 results.append(None if o is None else o.reshape(()).item())
             else:
