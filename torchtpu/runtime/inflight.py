@@ -81,13 +81,19 @@ def _drain_ready() -> list:
     return out
 
 
+# The buffers of live storages, as the storage table lists them: storage.py installs it
+# (storage imports this module to park dropped buffers; importing it back would be a cycle).
+_live_buffers = [lambda: ()]
+
+
+def set_live_buffers(fn) -> None:
+    _live_buffers[0] = fn
+
+
 def pending() -> list:
     """Device buffers not yet computed: parked ones and live ones in the storage table."""
-    from .storage import _table
-
     out = _drain_ready()
-    for entry in list(_table.values()):
-        b = entry.buf
+    for b in _live_buffers[0]():
         if hasattr(b, "is_ready") and not _ready(b):
             out.append(b)
     return out

@@ -36,6 +36,7 @@ class Entry:
 
 
 _table: dict[int, Entry] = {}
+inflight.set_live_buffers(lambda: [e.buf for e in list(_table.values())])
 _lock = threading.Lock()
 _stats = {"allocated": 0, "peak": 0}
 

@@ -78,11 +78,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 # Modules in import cycles today (issue 14: "no import circle"). A module joining a cycle
 # fails the test; one that leaves every cycle must be removed here.
-KNOWN_CYCLE_MODULES: frozenset[str] = frozenset({
-    # runtime/storage <-> runtime/inflight: retiring a dropped storage's buffer, and inflight
-    # reading the storage table back (lazy)
-    "torchtpu.runtime.inflight", "torchtpu.runtime.storage",
-})
+KNOWN_CYCLE_MODULES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
