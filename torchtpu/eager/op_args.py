@@ -8,7 +8,7 @@ the executable's cache key and tells the program how to rebuild the call:
     (TENSOR, i)         the i-th leaf's value
     (SCALAR, type)      the next runtime scalar
     (LIST, (spec,...))  a list of encoded items
-    (VALUE, v)          a static value (a tuple stands for a list)
+    (VALUE, v[, types]) a static value (a tuple stands for a list), with its numbers' types
     None                None
 """
 from __future__ import annotations
@@ -81,13 +81,15 @@ class Flat(_leaf.Leaves):
             if kind in ("scalar", "scalar_list", "tensor") and info.name not in low.static:
                 self.dyn.append(v)
                 return (SCALAR, type(v))
-            return (VALUE, v)
+            # the type is part of the key: 3 == 3.0 == True hash alike, and arange(3.0) is
+            # float32 where arange(3) is int64
+            return (VALUE, v, type(v))
         if isinstance(v, (list, tuple)):
             if kind == "scalar_list" and info.name not in low.static:
                 return (LIST, tuple(self.encode(x, info, low) for x in v))
             if v and any(isinstance(x, torch.Tensor) for x in v) or kind in ("tensor_list", "opt_tensor_list"):
                 return (LIST, tuple(self.encode(x, info, low) for x in v))
-            return (VALUE, tuple(v))
+            return (VALUE, tuple(v), tuple(type(x) for x in v))
         return (VALUE, v)
 
 
