@@ -58,7 +58,9 @@ def variants(model_type: str, which=("base", "head")) -> list[tuple[str, str]]:
         for variant, mapping in C.HEADS:
             add(variant, _class(getattr(ma, mapping, {}), model_type))
     if not out and "base" not in which:  # no head: the base model stands for the type
-        return variants(model_type, ("base",))
+        out = variants(model_type, ("base",))
+    if not out and "heads" not in which:  # neither: its first class of any mapping (a backbone, ...)
+        out = variants(model_type, ("heads",))[:1]
     return out
 
 
