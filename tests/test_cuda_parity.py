@@ -49,13 +49,12 @@ def test_synchronize_waits_for_dropped_results(mode, sync):
     assert inflight.parked() == 0
 
 
-@pytest.mark.parametrize("overwrite", ["zero_", pytest.param("copy_host", marks=pytest.mark.xfail(
-    strict=False, reason="timing-dependent: failed once in defer_and_fuse in a loaded full run (session 8); "
-    "open in issue 15 until the copy-from-host path is shown to park the replaced buffer")), "mm_out"])
+@pytest.mark.parametrize("overwrite", ["zero_", "copy_host", "storage_copy_host", "mm_out"])
 def test_synchronize_waits_for_work_an_inplace_overwrite_replaced(mode, overwrite):
-    # a whole overwrite does not read the old buffer (its program does not wait for the one
-    # computing it), and the overwritten tensor is then dropped: synchronize still waits for
-    # both the old buffer's program and the overwrite's
+    # a whole overwrite does not need the old buffer, and the overwritten tensor is then
+    # dropped: synchronize still waits for both the old buffer's program and the overwrite.
+    # A program's output waits for all its inputs, the old buffer included; a transfer from
+    # the host waits for nothing, so the replaced buffer must be kept (inflight.replaced)
     a = _slow_product()
     y = a @ a @ a @ a
     old = _dispatch(y)
@@ -65,6 +64,8 @@ def test_synchronize_waits_for_work_an_inplace_overwrite_replaced(mode, overwrit
         y.zero_()
     elif overwrite == "copy_host":
         y.copy_(torch.ones(y.shape))
+    elif overwrite == "storage_copy_host":
+        y.untyped_storage().copy_(torch.ones(y.shape).untyped_storage())
     else:
         torch.mm(a @ a, a, out=y)
     new = _dispatch(y)

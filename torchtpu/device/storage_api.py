@@ -93,7 +93,7 @@ def _storage_copy(orig):
             raise RuntimeError(f"size does not match, self was {self.nbytes()} bytes but src was {src.nbytes()} bytes")
         if self.nbytes() == 0:
             return self
-        from ..runtime import transfer
+        from ..runtime import inflight, transfer
 
         if dst_tpu:
             entry = _entry(self)
@@ -106,6 +106,7 @@ def _storage_copy(orig):
             else:
                 host = torch.empty(0, dtype=torch.uint8).set_(src).numpy()
                 buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
+            inflight.replaced(entry.buf)  # a transfer does not wait for the old buffer's program
             entry.buf = buf
             return self
         host = transfer.storage_to_host(_entry(src))
@@ -196,7 +197,7 @@ def _storage_resize(orig):
     def resize_(self, size):
         if self.device.type != "tpu":
             return orig(self, size)
-        from ..runtime import storage
+        from ..runtime import inflight, storage
 
         try:
             entry = storage.lookup_storage(self)
@@ -204,6 +205,7 @@ def _storage_resize(orig):
             return orig(self, size)
         size = int(size)
         if size == 0:
+            inflight.replaced(entry.buf)
             entry.buf = None  # the device buffer goes; reads see zeros until the next write
         else:
             storage.resize(entry, -(-size // entry.dtype.itemsize))

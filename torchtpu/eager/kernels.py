@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
-from ..runtime import geometry, storage, tensors, transfer
+from ..runtime import geometry, inflight, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import argcheck, composites, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
@@ -269,6 +269,7 @@ def copy_(self, src, non_blocking=False):
             and entry.dtype == to_jax_dtype(self.dtype)
             and geometry.is_contiguous(self.shape, self.stride())
         ):
+            inflight.replaced(entry.buf)  # the transfer does not wait for the old buffer's program
             entry.buf = arr.reshape(-1)
             return self
         tmp = tensors.empty(src.shape, src.dtype, arr.reshape(-1))

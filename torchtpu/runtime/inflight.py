@@ -15,6 +15,12 @@ may call in the middle of clearing a frame: calling into JAX there (even
 no lock a collecting thread could already hold), and readiness is checked later,
 from ordinary code: `tidy()` when a new storage is made, `pending()` and
 `wait_all()`.
+
+A buffer replaced in its storage by one that does not depend on it must be handed
+over too (`replaced`): a program's output waits for all its inputs (so an in-place
+op's new buffer covers the old one), but a host->device transfer (`copy_` from a
+CPU tensor, a storage `copy_`) waits for nothing, and the program computing the old
+buffer may still be running when the new one is ready.
 """
 from __future__ import annotations
 
@@ -39,6 +45,13 @@ def retire(buf) -> None:
     """`buf` (a device buffer, or a placeholder that is not one) is being dropped.
     Called from a weakref callback: no JAX calls, no locks."""
     if hasattr(buf, "is_ready"):
+        _parked.append(buf)
+
+
+def replaced(buf) -> None:
+    """`buf` was a storage's buffer and has been replaced by one that does not wait for it
+    (a transfer from the host): keep it until it is computed. Ordinary code only."""
+    if hasattr(buf, "is_ready") and not _ready(buf):
         _parked.append(buf)
 
 
