@@ -90,6 +90,17 @@ _HF_RESNET = {"use_timm_backbone": False, "use_pretrained_backbone": False,
 
 # Per-type overrides, applied after the generic rules (dotted keys reach into sub-configs).
 OVERRIDES: dict[str, dict] = {
+    # EfficientNet stages chain in_channels[i + 1] = out_channels[i]: the ModelTester's three stages
+    "align": {"vision_config.kernel_sizes": [3, 3, 5], "vision_config.in_channels": [32, 16, 24],
+              "vision_config.out_channels": [16, 24, 30], "vision_config.strides": [1, 1, 2],
+              "vision_config.num_block_repeats": [1, 1, 2], "vision_config.expand_ratios": [1, 6, 6],
+              "vision_config.hidden_dim": 64, "projection_dim": 64},  # image embeds: 30 x width 2.0, rounded
+    # one neck stage per backbone feature map: two of the two tiny layers
+    "depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
+                       "reassemble_hidden_size": 32},
+    "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
+                     "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
+                     "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
     "whisper": {"max_source_positions": 32, "num_mel_bins": 16},
     "gpt2": {"n_inner": None},
     "swin": {"window_size": 2},
