@@ -101,6 +101,67 @@ OVERRIDES: dict[str, dict] = {
     "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
+    # q-z types, from their ModelTesters where they have one. Detectors and dense heads that take
+    # several backbone feature maps: the default out_indices, which the generic rules drop.
+    "rf_detr": {"num_queries": 16, "group_detr": 2, "decoder_self_attention_heads": 4,
+                "decoder_cross_attention_heads": 4},  # 16 queries: a 32 px image has 16 anchors
+    "rt_detr": {"backbone_config.out_indices": [2, 3, 4], "backbone_config.out_features": ["stage2", "stage3", "stage4"],
+                "encoder_in_channels": [32, 64, 64], "encoder_hidden_dim": 32, "decoder_in_channels": [32, 32, 32],
+                "num_queries": 16, "num_denoising": 0},  # 21 anchors at 32 px
+    "rt_detr_v2": {"backbone_config.out_indices": [2, 3, 4],
+                   "backbone_config.out_features": ["stage2", "stage3", "stage4"],
+                   "encoder_in_channels": [32, 64, 64], "encoder_hidden_dim": 32,
+                   "decoder_in_channels": [32, 32, 32], "num_queries": 16, "num_denoising": 0},
+    # SAM: image embeddings (vision output_channels) in the mask decoder's width, at 32 / 8 = 4 px
+    "sam": {"vision_config.output_channels": 32, "vision_config.global_attn_indexes": [1],
+            "vision_config.window_size": 2, "vision_config.num_pos_feats": 16,
+            "prompt_encoder_config.image_embedding_size": 4, "mask_decoder_config.iou_head_hidden_dim": 32},
+    "sam_hq": {"vision_config.output_channels": 32, "vision_config.global_attn_indexes": [1],
+               "vision_config.window_size": 2, "vision_config.num_pos_feats": 16,
+               "prompt_encoder_config.image_embedding_size": 4, "mask_decoder_config.iou_head_hidden_dim": 32,
+               "mask_decoder_config.vit_dim": 32},
+    # Hiera stages of Sam2ModelTester; the FPN feature sizes of a 32 px image (stride 4, 8, 16)
+    "sam2": {"vision_config.backbone_config.hidden_size": 12,
+             "vision_config.backbone_config.embed_dim_per_stage": [12, 24, 48, 96],
+             "vision_config.backbone_config.blocks_per_stage": [1, 2, 7, 2],
+             "vision_config.backbone_channel_list": [96, 48, 24, 12],
+             "vision_config.backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]], "vision_config.fpn_hidden_size": 32,
+             "prompt_encoder_config.patch_size": 16, "mask_decoder_config.iou_head_hidden_dim": 32,
+             "memory_encoder_hidden_size": 32},
+    "sam2_hiera_det_model": {"hidden_size": 12, "embed_dim_per_stage": [12, 24, 48, 96],
+                             "blocks_per_stage": [1, 2, 7, 2]},
+    "sam2_vision_model": {"backbone_config.hidden_size": 12, "backbone_config.embed_dim_per_stage": [12, 24, 48, 96],
+                          "backbone_config.blocks_per_stage": [1, 2, 7, 2], "backbone_channel_list": [96, 48, 24, 12],
+                          "backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]], "fpn_hidden_size": 32},
+    # SAM3 ViT at 32 / 8 = 4 px, scaled by 4, 2, 1: the FPN sizes; windows of 2, one global block
+    "sam3": {"vision_config.fpn_hidden_size": 32, "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+             "vision_config.backbone_config.window_size": 2, "vision_config.backbone_config.global_attn_indexes": [1],
+             "detr_decoder_config.num_queries": 16},
+    "sam3_lite_text": {"vision_config.fpn_hidden_size": 32,
+                       "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+                       "vision_config.backbone_config.window_size": 2,
+                       "vision_config.backbone_config.global_attn_indexes": [1], "detr_decoder_config.num_queries": 16},
+    "sam3_tracker": {"vision_config.fpn_hidden_size": 32,
+                     "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+                     "vision_config.backbone_config.window_size": 2,
+                     "vision_config.backbone_config.global_attn_indexes": [1], "mask_decoder_config.iou_head_hidden_dim": 32},
+    "slanet": {"backbone_config.out_indices": [2, 3, 4, 5],
+               "backbone_config.out_features": ["stage2", "stage3", "stage4", "stage5"]},
+    # descriptors in the matcher's width; one self + one cross GNN layer
+    "superglue": {"keypoint_detector_config.descriptor_decoder_dim": 32, "keypoint_encoder_sizes": [16, 32],
+                  "gnn_layers_types": ["self", "cross"], "sinkhorn_iterations": 5},
+    # a DPT neck stage per backbone map: four maps need four (tiny) layers
+    "tipsv2_dpt": {"backbone_config.num_hidden_layers": 4, "backbone_config.out_indices": [1, 2, 3, 4],
+                   "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
+    "upernet": {"backbone_config.out_indices": [1, 2, 3, 4],
+                "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"], "auxiliary_channels": 16},
+    # every backbone stage feeds the bridge; the reflect-padded 5x5 head needs 4x4 maps: a 64 px image
+    "uvdoc": {"backbone_config.out_indices": [1, 2, 3, 4, 5, 6],
+              "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
+              "image_size": 64},
+    "vitmatte": {"backbone_config.patch_size": 16},  # the ConvStream's three stride-2 stages meet it at 1/16
+    "zoedepth": {"backbone_config.num_hidden_layers": 4, "backbone_config.out_indices": [1, 2, 3, 4],
+                 "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
     "whisper": {"max_source_positions": 32, "num_mel_bins": 16},
     "gpt2": {"n_inner": None},
     "swin": {"window_size": 2},
@@ -282,7 +343,12 @@ LOSS_LABELS = {
 GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
 # Types skipped outright, with the reason (kept short: they appear in the report).
-SKIP: dict[str, str] = {}
+SKIP: dict[str, str] = {
+    # TvpVisionInputEmbedding.add_2d_positional_embeddings views the (width, hidden) column embeddings
+    # as (batch, 1, width, hidden): it runs at batch 1 only (tiny config max_img_size 64, a 64 px video)
+    "tvp": "upstream: TVP's 2-D position embeddings view (width, hidden) as (batch, 1, width, hidden): "
+           "only batch 1 runs (RuntimeError: shape '[2, 1, 1, 32]' is invalid for input of size 32)",
+}
 
 # The representative subset `make test` runs (tests/test_hf.py): type -> expected forward state
 # of the head variant in the default eager mode. A known backend failure is recorded here as its
