@@ -221,7 +221,9 @@ OVERRIDES: dict[str, dict] = {
     "hunyuan_vl": {"text_config.head_dim": 8},
     "nemotron": {"num_key_value_heads": 2},
     "axk1": {"n_group": 1, "topk_group": 1},  # expert groups: the tiny expert count in one group
-    "longcat_flash": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4},  # = the tiny qk_head_dim
+    # MLA: rotary on qk_rope_head_dim (= head_dim); the expert width and the zero experts have no generic key
+    "longcat_flash": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "head_dim": 4, "expert_ffn_hidden_size": 64,
+                      "zero_expert_num": 2},
     "chameleon": {"vocabulary_map": {"<image>": 98}},
     # DETR-style detectors: the HF ResNet backbone instead of timm's (their ModelTesters' choice)
     "detr": _HF_RESNET, "conditional_detr": _HF_RESNET, "dab-detr": _HF_RESNET,
@@ -238,6 +240,9 @@ OVERRIDES: dict[str, dict] = {
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},
+    # types h..p (alphabetical), values from each type's ModelTester where it has one
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},  # None: a checkpoint sets it
+    "lilt": {"hidden_size": 48},  # six box embeddings of hidden // 6 each are concatenated back to hidden
 }
 
 # Constructor arguments for config classes whose defaults fail their own validator (upstream).
@@ -265,7 +270,7 @@ MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "
 # config gets sections summing to the tiny rotary half-dimension.
 MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "qwen3_vl", "qwen3_omni", "qwen3_5", "qwen4_exp",
                "glm4v", "glm_image", "glm_ocr", "glmga", "paddleocr_vl", "ernie4_5_vl", "cohere_compass",
-               "cosmos3_edge", "hy_v4_vl")
+               "cosmos3_edge", "hy_v4_vl", "hunyuan_vl")
 MROPE_DEFAULT = [16, 24, 24]
 
 # Which head to run per model type, first one that exists (plus the base model). Encoder-decoders
