@@ -103,8 +103,9 @@ def make_inputs(model, variant: str) -> list[dict]:
             return {key: torch.randn(b, _get(vc, "num_frames", default=4), ch, h, w, generator=g)}
         return {key: torch.randn(b, ch, h, w, generator=g)}
 
-    def patches(key):
-        """Flattened patches + grid_thw (Qwen2-VL-style vision towers): 2 images of 4x4 patches."""
+    def patches(key, square=False):
+        """Flattened patches + grid_thw (Qwen2-VL-style vision towers): 2 images of 4x4 patches;
+        `square`: each patch as a (channels, ps, ps) image (towers that embed with a Conv2d)."""
         vc = getattr(cfg, "vision_config", None) or cfg
         ch = _get(vc, "in_channels", "in_chans", "num_channels", default=3)
         tps = _get(vc, "temporal_patch_size", default=1)
@@ -114,12 +115,14 @@ def make_inputs(model, variant: str) -> list[dict]:
         m = _get(vc, "spatial_merge_size", default=2)
         grid = torch.tensor([[1, 2 * m, 2 * m]] * b)
         n = int(grid.prod(-1).sum())
-        return {key: torch.randn(n, ch * tps * ps * ps, generator=g), grid_key: grid}
+        shape = (n, ch, ps, ps) if square else (n, ch * tps * ps * ps)
+        return {key: torch.randn(*shape, generator=g), grid_key: grid}
 
     grid_key = next((k for k in ("grid_thw", "image_grid_thw") if k in params), None)
     cands: list[dict] = []
     if grid_key and name in ("hidden_states", "pixel_values"):
         cands.append(patches(name))
+        cands.append(patches(name, square=True))
     if name == "input_ids":
         cands.append(text())
         if "pixel_values" in params:  # vision-language models whose forward needs an image
