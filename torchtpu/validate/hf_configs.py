@@ -88,6 +88,12 @@ _HF_RESNET = {"use_timm_backbone": False, "use_pretrained_backbone": False,
               "backbone_config": {"model_type": "resnet", "embedding_size": 8, "hidden_sizes": [8, 16, 32, 64],
                                   "depths": [1, 1, 1, 1], "out_features": ["stage2", "stage3", "stage4"]}}
 
+# A Swin backbone with its four stages kept (the layer rule cuts num_layers, its stage count, to 2;
+# the pixel decoders of the mask-classification models read four feature maps), 2x2 windows.
+_SWIN_4_STAGES = {"backbone_config.depths": [1, 1, 1, 1], "backbone_config.num_heads": [1, 1, 2, 2],
+                  "backbone_config.num_layers": 4, "backbone_config.window_size": 2,
+                  "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]}
+
 # Per-type overrides, applied after the generic rules (dotted keys reach into sub-configs).
 OVERRIDES: dict[str, dict] = {
     # EfficientNet stages chain in_channels[i + 1] = out_channels[i]: the ModelTester's three stages
@@ -241,8 +247,19 @@ OVERRIDES: dict[str, dict] = {
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},
     # types h..p (alphabetical), values from each type's ModelTester where it has one
+    "levit": {"patch_size": 16, "image_size": 64},  # the patch embedding is four stride-2 convolutions
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},  # None: a checkpoint sets it
     "lilt": {"hidden_size": 48},  # six box embeddings of hidden // 6 each are concatenated back to hidden
+    # widths and query counts without a generic key
+    "mask2former": {**_SWIN_4_STAGES, "feature_size": 32, "mask_feature_size": 32, "encoder_feedforward_dim": 64,
+                    "dim_feedforward": 64, "num_queries": 8},
+    "maskformer": {**_SWIN_4_STAGES, "fpn_feature_size": 32, "mask_feature_size": 32, "decoder_config.num_queries": 8},
+    "mistral4": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "head_dim": 4},  # MLA: rotary dim = head_dim
+    "moonshine": {"encoder_num_key_value_heads": 4, "decoder_num_key_value_heads": 4},  # <= the tiny head count
+    # task prompts of task_seq_len tokens through a CLIP-style text encoder
+    "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
+                  "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
+                  "text_encoder_context_length": 8, "text_encoder_vocab_size": 99},
 }
 
 # Constructor arguments for config classes whose defaults fail their own validator (upstream).
