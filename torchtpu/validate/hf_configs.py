@@ -101,6 +101,27 @@ OVERRIDES: dict[str, dict] = {
               "vision_config.out_channels": [16, 24, 30], "vision_config.strides": [1, 1, 2],
               "vision_config.num_block_repeats": [1, 1, 2], "vision_config.expand_ratios": [1, 6, 6],
               "vision_config.hidden_dim": 64, "projection_dim": 64},  # image embeds: 30 x width 2.0, rounded
+    # an image token inside the tiny vocabulary (the checkpoint adds it), four Q-Former queries
+    "blip-2": {"image_token_id": 98, "num_query_tokens": 4},
+    # the local encoder/decoder read the global transformer's width; small hash-embedding tables;
+    # fixed-size patches (entropy patching off, as in its ModelTester)
+    "blt": {"decoder_config.hidden_size_global": 32, "encoder_config.hidden_size_global": 32,
+            "global_config.encoder_cross_output_size": 32, "encoder_hash_byte_group_size": [2, 3],
+            "encoder_hash_byte_group_vocab": 64, "patch_in_forward": False},
+    "bridgetower": {"vision_config.hidden_size": 64},  # its vision attention has hidden // 64 heads
+    "bros": {"dim_bbox_projection": 8},  # box embeddings join each head's scores: = the tiny head_dim
+    # HTSAT audio tower (its ModelTester's sizes): two Swin stages end at 2 x the patch width
+    "clap": {"audio_config.spec_size": 64, "audio_config.num_mel_bins": 16, "audio_config.window_size": 4,
+             "audio_config.patch_size": 2, "audio_config.patch_stride": 2, "audio_config.freq_ratio": 2,
+             "audio_config.patch_embeds_hidden_size": 32, "audio_config.hidden_size": 64,
+             "audio_config.num_attention_heads": [2, 2]},
+    # the encoders' rotary embedding is at least 32 wide: one head of 32
+    "clvp": {"text_config.num_attention_heads": 1, "speech_config.num_attention_heads": 1},
+    # RoPE parameters per layer type (a checkpoint names them; the default has none)
+    "cohere_compass": {"text_config.rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
+    "cohere_compass_text": {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     # one neck stage per backbone feature map: two of the two tiny layers
     "depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                        "reassemble_hidden_size": 32},
@@ -192,7 +213,7 @@ OVERRIDES: dict[str, dict] = {
     "bit": {"num_groups": 4},  # group norms over the shrunk channel counts
     # forecasters without a default horizon
     "informer": {"prediction_length": 4, "context_length": 8},
-    "autoformer": {"prediction_length": 4, "context_length": 8},
+    "autoformer": {"prediction_length": 4, "context_length": 8, "label_length": 4},  # label window inside the context
     "time_series_transformer": {"prediction_length": 4, "context_length": 8},
     "gemma3n_text": {"num_kv_shared_layers": 0},  # the default shares the KV of 15 of 35 layers
     "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
@@ -280,7 +301,7 @@ IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")
 
 # The main input of a model whose forward lacks its class's main_input_name (vision / audio
 # sub-models that keep the default "input_ids"): the first of these its forward takes.
-MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "input_values")
+MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "input_values", "query_embeds")
 
 # Model types (prefixes) whose rotary embedding splits frequencies into (t, h, w) sections
 # (rope_parameters["mrope_section"], defaulted in the modeling code to a full-size list): the tiny

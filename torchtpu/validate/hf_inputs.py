@@ -127,6 +127,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         cands.append(text())
         if "pixel_values" in params:  # vision-language models whose forward needs an image
             cands.append({**text(), **pixels()})
+        bins = next((getattr(sc, k) for sc in [cfg] + [getattr(cfg, n, None) for n in sorted(C.SUBCONFIG_KEYS)]
+                     for k in ("num_mel_bins", "feature_size") if isinstance(getattr(sc, k, None), int)), None)
+        if "input_features" in params and bins:
+            # text-audio models whose forward needs both (CLAP, CLVP): a spectrogram in either layout
+            x = torch.randn(b, 1, t["audio_frames"], bins, generator=g)
+            cands += [{**text(), "input_features": x}, {**text(), "input_features": x[:, 0].transpose(1, 2)}]
     elif name == "hidden_states" and grid_key:
         pass
     elif name in ("pixel_values", "images", "pixel_values_videos"):
@@ -164,9 +170,14 @@ def make_inputs(model, variant: str) -> list[dict]:
         n = t["audio_samples"] * (4 if variant == "audio-xvector" else 1)
         x = torch.randn(b, n, generator=g)
         cands += [{name: x}, {name: x[:, None]}]
-    elif name == "inputs_embeds":
+    elif name in ("inputs_embeds", "query_embeds"):
         hidden = _get(cfg, "hidden_size", "d_model", default=t["hidden"])
-        cands.append({name: torch.randn(b, s, hidden, generator=g)})
+        c = {name: torch.randn(b, s, hidden, generator=g)}
+        enc = getattr(cfg, "encoder_hidden_size", None)
+        if name == "query_embeds" and isinstance(enc, int) and "encoder_hidden_states" in params:
+            # a Q-Former's cross-attention reads image features: 4 of them per row
+            c["encoder_hidden_states"] = torch.randn(b, 4, enc, generator=g)
+        cands.append(c)
     elif name == "past_values":
         cands += _time_series(cfg, params, b, g)
     else:
@@ -184,6 +195,15 @@ def make_inputs(model, variant: str) -> list[dict]:
         if ncb > 1 and "input_ids" in c:
             c["input_ids"] = torch.cat([c["input_ids"]] * ncb, 1).reshape(b * ncb, -1)
         _fill_required(c, params, cfg, b, s, ids, g)
+    nq, tok = getattr(cfg, "num_query_tokens", None), getattr(cfg, "image_token_id", None)
+    if isinstance(nq, int) and isinstance(tok, int):
+        # BLIP-2-style: the Q-Former's query outputs replace one image token each, so a prompt
+        # beside an image opens with exactly num_query_tokens of them
+        for c in cands:
+            if "pixel_values" in c and "input_ids" in c:
+                c["input_ids"] = torch.cat([torch.full((b, nq), tok), c["input_ids"]], 1)
+                if "attention_mask" in c:
+                    c["attention_mask"] = torch.cat([torch.ones(b, nq, dtype=torch.long), c["attention_mask"]], 1)
     if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
         q = ids(s)
         for c in cands:
