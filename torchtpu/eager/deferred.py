@@ -26,7 +26,7 @@ from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import cache as _caches
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, leaf, pending, program_timing, rng, tensors
+from ..runtime import donation, inflight, leaf, pending, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
 from ..spmd.program import spmd as _spmd
 from ..spmd.region_runner import CollectiveRegionRunner
@@ -55,7 +55,7 @@ class _Node:
 
 class _Graph:
     __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "fingerprint", "written",
-                 "fresh", "fresh_per_key", "churn", "collectives")
+                 "fresh", "fresh_per_key", "churn", "collectives", "overwritten")
 
     def __init__(self):
         self.nodes: list[_Node] = []
@@ -69,6 +69,7 @@ class _Graph:
         self.fresh_per_key: dict = {}  # shape-free key -> fresh signatures of it in this region
         self.churn = False  # a region that will never repeat: replay it op by op
         self.collectives = None  # the group context of the collectives recorded in it, if any
+        self.overwritten: set = set()  # indices of inputs an in-place op replaced in their storage
 
 
 _graph = _Graph()
@@ -145,6 +146,9 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
         if low.mode == "inplace":
             for s in compiled.updated:
                 e = entries[s]
+                r = refs[s]
+                if r is not None and r[0] == 1:
+                    g.overwritten.add(r[1])
                 p = Pending(j, ("u", s), g)
                 e.buf = p
                 written.append((weakref.ref(e), p))
@@ -395,6 +399,10 @@ def flush(reason: str) -> None:
         if t0:
             program_timing.ran(program_timing.region_name([n.name for n in g.nodes]), results, t0, fresh)
         leaf.commit([e for e, _ in live], dict(enumerate(results)))
+        for i in g.overwritten:
+            # a buffer the region replaced in its storage: the region's program may not
+            # have read it (jax.jit drops unread arguments), so synchronize() waits for it
+            inflight.replaced(inputs[i])
         for flags, declared, where in flagged:
             # a tripped check loses the region's outputs: they hold XLA's clamped values
             _pending_checks.add(flags, declared, where, [(e, r) for (e, _), r in zip(live, results)])

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import geometry
+from . import geometry, inflight
 from .jaxenv import TORCH_TO_JAX
 from .storage import _table
 
@@ -149,6 +149,13 @@ def write(bufs: list, lf: Leaf, value, offset=None, spec=None) -> None:
 
 
 def commit(entries, updated: dict) -> None:
-    """A program's new buffers (slot -> array) become its storages' buffers."""
+    """A program's new buffers (slot -> array) become its storages' buffers. A replaced
+    buffer still being computed is handed to inflight: jax.jit drops arguments a program
+    does not read (a whole overwrite: zero_, out=), so the new buffer need not wait for it,
+    and synchronize() must."""
     for s, b in updated.items():
-        entries[s].buf = b
+        e = entries[s]
+        old = e.buf
+        e.buf = b
+        if old is not b:
+            inflight.replaced(old)
