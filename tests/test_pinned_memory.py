@@ -112,19 +112,17 @@ def test_dataloader_pin_memory(mode, pin_memory_device):
         torch.testing.assert_close(out.cpu(), cpu_model(xp), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("sync", ["synchronize", "stream", "event", "accelerator", "host_read", "save"])
-def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
-    """A non-blocking device->host copy may still be in flight when it returns; every way a
-    CUDA user synchronizes (or a later blocking host read on the one in-order stream) makes
-    its value right."""
-    x = torch.randn(64, 32)
-    t = x.to("tpu")
-    out = (t @ t.t() * 2).to("cpu", non_blocking=True)
-    half = (t * 3)[::2].to("cpu", torch.bfloat16, non_blocking=True)
+_SYNCS = ["synchronize", "stream", "plain_stream", "event", "accelerator", "host_read", "save"]
+
+
+def _synchronize(sync, other, tmp_path):
+    """Every way a CUDA user waits for the stream; `other` is a tpu tensor not involved."""
     if sync == "synchronize":
         torch.tpu.synchronize()
     elif sync == "stream":
         torch.tpu.current_stream().synchronize()
+    elif sync == "plain_stream":
+        torch.Stream(device="tpu").synchronize()  # PyTorch's C++ stream type on the device
     elif sync == "event":
         ev = torch.tpu.Event()
         ev.record()
@@ -132,9 +130,121 @@ def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
     elif sync == "accelerator":
         torch.accelerator.synchronize()
     elif sync == "host_read":
-        (t + 1).sum().item()
+        (other + 1).sum().item()  # a blocking read of another tensor: the one stream is in order
     else:
-        torch.save(t, str(tmp_path / "t.pt"))
-    assert out.is_pinned() and half.is_pinned()
-    torch.testing.assert_close(out, x @ x.t() * 2, rtol=1e-5, atol=1e-4)
+        torch.save(other, str(tmp_path / "t.pt"))
+
+
+@pytest.mark.parametrize("sync", _SYNCS)
+def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
+    """A non-blocking device->host copy may still be in flight when it returns; every way a
+    CUDA user synchronizes (or a later blocking host read on the one in-order stream) makes
+    its value right."""
+    x = torch.randn(256, 256) / 16
+    t = x.to("tpu")
+    out = (t @ t @ t * 2).to("cpu", non_blocking=True)
+    half = (t * 3)[::2].to("cpu", torch.bfloat16, non_blocking=True)
+    flipped = (t - 1).t().to("cpu", torch.float64, non_blocking=True)
+    _synchronize(sync, t, tmp_path)
+    assert out.is_pinned() and half.is_pinned() and flipped.is_pinned()
+    torch.testing.assert_close(out, x @ x @ x * 2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(half, (x * 3)[::2].to(torch.bfloat16), rtol=0, atol=0)
+    want = (x - 1).t().to("cpu", torch.float64)
+    assert flipped.dtype == want.dtype and flipped.stride() == want.stride()
+    torch.testing.assert_close(flipped, want, rtol=0, atol=0)
+
+
+def _slow_product(n=900):
+    a = torch.randn(n, n) / 30
+    d = a.to("tpu")
+    (d @ d @ d).sum().item()  # compile the programs first
+    torch.tpu.synchronize()
+    return a, d
+
+
+@pytest.mark.parametrize("sync", ["synchronize", "host_read"])
+def test_non_blocking_copy_returns_before_the_value_lands(mode, sync, tmp_path):
+    """As on CUDA, the call returns once the copy is queued, not when the device is done;
+    the value is there after a synchronization."""
+    from torchtpu.eager import deferred
+    from torchtpu.runtime import storage
+
+    a, d = _slow_product()
+    y = d @ d @ d @ d
+    deferred.flush("test")
+    if storage.lookup(y).buf.is_ready():
+        pytest.skip("the device finished before the copy was issued")
+    out = y.to("cpu", non_blocking=True)
+    in_flight = not torch.tpu.current_stream().query()
+    assert out.is_pinned()
+    _synchronize(sync, d, tmp_path)
+    assert in_flight  # a blocking copy would have waited for the four matmuls
+    from torchtpu.runtime import inflight
+    assert torch.tpu.current_stream().query(), [(type(b), getattr(b, "shape", None)) for b in inflight.pending()]
+    torch.testing.assert_close(out, a @ a @ a @ a, rtol=1e-4, atol=1e-5)
+
+
+def test_non_blocking_copies_under_gc_stress(mode):
+    """Tensors on both sides die inside garbage collection (reference cycles), collected on
+    this thread and on another one, while non-blocking copies land on the copy thread; the
+    storage release callbacks run in the middle of all that (a segfault when they called
+    into JAX, fixed in 41b2c52, was what backed the asynchronous copy out in 9924c7b)."""
+    import gc
+    import threading
+
+    stop = threading.Event()
+
+    def collect():
+        while not stop.wait(0.002):
+            gc.collect(1)  # the young generations, where the cycles below are
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        kept = []
+        for i in range(40):
+            x = torch.randn(32, 16)
+            t = x.to("tpu")
+            cycle = [t * 2, torch.randn(64).pin_memory(), _frame_holding(t, i)]
+            cycle.append(cycle)  # freed only by the collector
+            dropped = (t * 3).to("cpu", non_blocking=True)  # dropped before it lands
+            del dropped, cycle
+            kept.append((x, (t.t() @ t + i).to("cpu", non_blocking=True)))
+            storage_copy = t.untyped_storage().cpu()  # a blocking storage read on the way
+            assert storage_copy.nbytes() == x.nbytes
+            if i % 10 == 0:
+                gc.collect(1)  # (a full collection costs ~0.4 s with torch and jax loaded)
+    finally:
+        stop.set()
+        collector.join()
+    torch.tpu.synchronize()
+    for i, (x, out) in enumerate(kept):
+        assert out.is_pinned()
+        torch.testing.assert_close(out, x.t() @ x + i, rtol=1e-5, atol=1e-5)
+
+
+def _frame_holding(t, i):
+    """An exception whose traceback keeps this frame (and its tpu tensors) alive: the
+    collector frees them while clearing the frame, as pytest.raises leaves them."""
+    y = (t + i).untyped_storage()
+    z = y.clone()
+    try:
+        raise ValueError(z.nbytes())
+    except ValueError as e:
+        return e
+
+
+@pytest.mark.slow
+def test_pinned_memory_then_serialization_in_one_process():
+    """The order that crashed before (9924c7b): this file's tests, then test_serialization's,
+    in one process."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
+         os.path.join(here, "test_pinned_memory.py"), os.path.join(here, "test_serialization.py")],
+        capture_output=True, text=True, timeout=900, cwd=os.path.dirname(here))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

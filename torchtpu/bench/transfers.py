@@ -4,10 +4,11 @@
 
 - device->host: each iteration dispatches device work (a chain of N x N matmuls),
   copies its result to the host, does host work of about the same length (a CPU
-  matmul), then uses the copied value: blocking (`.to("cpu")`, the baseline) vs
-  non-blocking (`.to("cpu", non_blocking=True)`, which lands in pinned memory and, here,
-  also completes before it returns). Per row: ms/iteration, ms spent inside the `.to`
-  call, and the speed-up over the blocking baseline.
+  matmul), then uses the copied value. Blocking (`.to("cpu")`, the baseline) waits for
+  the device before the host work starts; non-blocking (`.to("cpu", non_blocking=True)`,
+  a pinned result landed by a copy thread, then `torch.tpu.synchronize()` before use)
+  overlaps them. Per row: ms/iteration, ms spent inside the `.to` call, and the
+  speed-up over the blocking baseline.
 - host->device: a MB-sized batch from pageable memory (`.to("tpu")`, the baseline) vs
   from pinned memory (`.to("tpu", non_blocking=True)`), and the cost of `pin_memory()`.
   PJRT stages host->device copies itself, so pinned memory is expected to be on par.

@@ -16,11 +16,13 @@ empty_like, ...) never reaches Python: CPU allocation happens in C++. The extens
 `_pinned_factories` (csrc/pinned_factories.cpp) replaces the two BackendSelect kernels
 every CPU factory allocates through, routing a pinned allocation to `_pin_memory` here.
 
-The device-to-host copy itself completes before `.to("cpu", non_blocking=True)`
-returns. CUDA's contract (values are right once the user synchronizes) holds at
-once; the copy is not overlapped with the host because callers synchronize through
-`Stream.synchronize()` (torch.distributed.checkpoint does), which reaches the C++
-device guard, and a copy still in flight there would be read torn.
+`.to("cpu", non_blocking=True)` returns its pinned result before the value has
+landed (runtime/transfer.to_host_async: a worker thread writes it); as on CUDA the
+value is right once the user synchronizes (`torch.tpu.synchronize()`,
+`torch.accelerator.synchronize()`, a tpu stream's or event's synchronize) or makes
+any blocking host read after it. A plain `torch.Stream(device="tpu")` synchronizes
+too (device/streams.py installs it). `cpu_tensor.copy_(tpu_tensor, non_blocking=True)`
+completes before it returns.
 """
 from __future__ import annotations
 
@@ -81,6 +83,12 @@ def _contiguous(shape):
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
+    if non_blocking and device is not None and torch.device(device).type == "cpu" \
+            and layout in (None, torch.strided) and memory_format in (None, torch.preserve_format) \
+            and not (self.is_conj() or self.is_neg()):
+        out = _to_host_async(self, dtype or self.dtype)
+        if out is not None:
+            return out
     if (non_blocking or pin_memory) and device is not None and torch.device(device).type == "cpu" \
             and layout in (None, torch.strided):
         # CUDA gives a pinned result for a non-blocking device->host copy.
@@ -88,6 +96,22 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         host = _to_copy_op.redispatch(_CPU, self, non_blocking=False, **kw)
         return _pin_memory(host)
     return _to_copy_op.redispatch(_CPU, self, non_blocking=non_blocking, **kw)
+
+
+def _to_host_async(self, dtype):
+    """The pinned result of a non-blocking copy to the host, its value still landing; None
+    where the copy must block (a dtype numpy cannot hold)."""
+    from ..runtime import transfer
+
+    # the layout CPU's _to_copy gives (preserve_format), read off a meta stand-in
+    like = torch.empty_like(torch.empty_strided(self.shape, self.stride(), dtype=dtype, device="meta"))
+    out = pinned.empty_strided(tuple(like.shape), like.stride(), dtype)
+    if out.numel():
+        try:
+            transfer.to_host_async(self, out)
+        except TypeError:  # no numpy view of this dtype (float8): the blocking path
+            return None
+    return out
 
 
 _done = False

@@ -87,7 +87,9 @@ def synchronize(device=None) -> None:
     _check(device)
     deferred.flush("synchronize")
     inflight.wait_all()
-    from ..runtime import checks
+    from ..runtime import checks, transfer
+
+    transfer.wait_host_copies()  # landed by wait_all; this raises a failed one's error
 
     checks.raise_pending()  # device-side check failures surface here, as CUDA's asserts do
 

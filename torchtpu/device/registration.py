@@ -37,12 +37,14 @@ def register() -> None:
         "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
     )
     sys.modules.setdefault("torch.tpu", module)
-    from . import accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, tied, type_names
+    from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, streams,
+                   tied, type_names)
 
     autocast.install()
     tied.install()
     storage_api.install()
     events.install()  # torch.Event(device="tpu") records, times and synchronizes
+    streams.install()  # torch.Stream(device="tpu").synchronize() waits for the device
     accelerator.install()  # torch.accelerator.synchronize / memory_* / ... reach torch.tpu
     default_compile.install()  # torch.compile(model) on tpu tensors uses backend "tpu"
     accelerate_support.install()  # HF Accelerate (Trainer) defaults to tpu, as to cuda

@@ -17,8 +17,59 @@ import torch
 from .events import TpuEvent as Event  # noqa: E402  (torch.tpu.Event, timing included)
 
 
-class Stream(torch.Stream):
-    """torch.Stream on "tpu" (every stream is the device's one stream, id 0)."""
+_CStream = torch.Stream  # PyTorch's own type, captured before install() replaces the name
+
+
+class _StreamMeta(type):
+    def __instancecheck__(cls, obj):
+        # streams PyTorch creates in C++ (torch.accelerator, the device guard) are torch.Streams too
+        if cls is AnyStream:
+            return type.__instancecheck__(_CStream, obj)
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub):
+        if cls is AnyStream:
+            return type.__subclasscheck__(_CStream, sub)
+        return type.__subclasscheck__(cls, sub)
+
+
+class AnyStream(_CStream, metaclass=_StreamMeta):
+    """torch.Stream: on "tpu" the methods below (PyTorch's C++ ones reach a device guard a
+    Python backend cannot give a stream, so synchronize() returned at once, before a
+    non-blocking copy had landed); every other device keeps PyTorch's."""
+
+    def synchronize(self) -> None:
+        """Wait for all work dispatched so far (the one stream is the whole device)."""
+        if self.device.type != "tpu":
+            return super().synchronize()
+        torch.tpu.synchronize()
+
+    def query(self) -> bool:
+        if self.device.type != "tpu":
+            return super().query()
+        from ..runtime import inflight
+
+        return not inflight.pending()
+
+    def record_event(self, event=None):
+        if self.device.type != "tpu":
+            return super().record_event(event) if event is not None else super().record_event()
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event) -> None:
+        if self.device.type != "tpu":
+            return super().wait_event(event)
+        # one stream: already ordered
+
+    def wait_stream(self, stream) -> None:
+        if self.device.type != "tpu":
+            return super().wait_stream(stream)
+
+
+class Stream(AnyStream):
+    """torch.tpu.Stream: torch.Stream on "tpu" (every stream is the device's one stream, id 0)."""
 
     def __new__(cls, device=None, priority: int = 0, **kwargs):
         return super().__new__(cls, device="tpu", priority=priority)
@@ -26,25 +77,10 @@ class Stream(torch.Stream):
     def __init__(self, *args, **kwargs):
         pass
 
-    def synchronize(self) -> None:
-        """Wait for all work dispatched so far (the one stream is the whole device)."""
-        torch.tpu.synchronize()
 
-    def query(self) -> bool:
-        from ..runtime import inflight
-
-        return not inflight.pending()
-
-    def record_event(self, event=None):
-        event = Event() if event is None else event
-        event.record(self)
-        return event
-
-    def wait_event(self, event) -> None:
-        pass  # one stream: already ordered
-
-    def wait_stream(self, stream) -> None:
-        pass
+def install() -> None:
+    """torch.Stream(device="tpu") gets the methods above (other devices keep PyTorch's)."""
+    torch.Stream = AnyStream
 
 
 def current_stream(device=None) -> torch.Stream:

@@ -1,8 +1,13 @@
 """Host <-> device transfers and reading a tensor's value out of its storage."""
 from __future__ import annotations
 
+import atexit
+import collections
 import functools
 import math
+import os
+import queue
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +16,7 @@ import torch
 
 from .. import metrics
 from . import geometry, leaf, pending, storage
-from .jaxenv import device, numpy_to_torch, to_jax_dtype, torch_to_numpy
+from .jaxenv import _BITCAST_VIA, device, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -58,6 +63,8 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
     queue behind every program already dispatched, so reading a loss after launching the
     backward and optimizer programs would wait for them all; the buffer itself is ready as
     soon as the program that wrote it is done."""
+    if _copies:
+        wait_host_copies()  # one in-order stream: earlier non-blocking copies land first
     entry = storage.lookup(t)
     dt = to_jax_dtype(t.dtype)
     numel = math.prod(t.shape)
@@ -97,6 +104,8 @@ def to_device_array(t: torch.Tensor) -> jax.Array:
 
 def storage_to_host(entry: storage.Entry) -> np.ndarray:
     """A storage's bytes on the host, as a flat uint8 array (blocks until computed)."""
+    if _copies:
+        wait_host_copies()
     a = np.asarray(buffer(entry)).reshape(-1)
     metrics.bump("transfers_to_host")
     metrics.bump("bytes_to_host", a.nbytes)
@@ -109,3 +118,115 @@ def bytes_to_device(data: np.ndarray, dtype) -> jax.Array:
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
     return jax.device_put(a, device())
+
+
+# ---- non-blocking device->host copies ----------------------------------------------------
+# `.to("cpu", non_blocking=True)` returns a pinned tensor at once; one worker thread waits
+# for each value and writes it there, in issue order. As on CUDA's one stream, the copies
+# are ordered with the host reads issued after them: a blocking read (`.item()`, `.cpu()`,
+# torch.save) first waits for every earlier non-blocking copy, and synchronize(), events
+# and Stream.query() see each copy through runtime/inflight until it has landed.
+
+
+class HostCopy:
+    """One device->host copy in flight: `src` (a device array of the tensor's shape) lands
+    in `dst` (a numpy view of the pinned result, or the result itself when the dtype
+    changes: then torch converts on the host, as the blocking copy does)."""
+
+    __slots__ = ("src", "dst", "done", "error")
+
+    def __init__(self, src, dst):
+        self.src, self.dst = src, dst
+        self.done = threading.Event()
+        self.error = None
+
+    def is_ready(self) -> bool:
+        return self.done.is_set()
+
+    def block_until_ready(self):
+        self.done.wait()
+        return self
+
+    def run(self) -> None:
+        try:
+            a = np.asarray(self.src)  # waits for the program, the GIL released
+            if isinstance(self.dst, np.ndarray):
+                np.copyto(self.dst, a, casting="no")
+            else:
+                self.dst.copy_(numpy_to_torch(a))
+        except BaseException as e:  # noqa: BLE001 - raised at the next synchronize or host read
+            self.error = e
+        finally:
+            self.src = self.dst = None  # the result's memory is the caller's again
+            self.done.set()
+
+
+_copies: collections.deque = collections.deque()  # issued, not yet waited for by the host
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_worker = [0]  # pid of the process whose worker thread runs (a forked child starts its own)
+
+
+def _loop(q) -> None:
+    while True:
+        q.get().run()
+
+
+def _start_worker() -> None:
+    global _queue
+    if _worker[0] == os.getpid():
+        return
+    if _worker[0] == 0:
+        atexit.register(_drain_at_exit)
+    _queue = queue.SimpleQueue()  # after a fork the parent's queue has no reader here
+    threading.Thread(target=_loop, args=(_queue,), name="torchtpu-host-copies", daemon=True).start()
+    _worker[0] = os.getpid()
+
+
+def to_host_async(t: torch.Tensor, out: torch.Tensor) -> None:
+    """Start copying tpu tensor `t` into the host tensor `out` (same shape; its dtype may
+    differ); returns at once. `out` must not be read before a synchronization."""
+    from . import inflight
+
+    if out.dtype == t.dtype:
+        via = _BITCAST_VIA.get(out.dtype)
+        dst = out.view(via[0]).numpy().view(via[1]) if via else out.numpy()
+    else:
+        dst = out
+    src = value(t)  # dispatched, not waited for (a deferred value's region runs first)
+    try:
+        src.copy_to_host_async()  # start the transfer now; the worker only waits for it
+    except Exception:  # noqa: BLE001 - an optimization only
+        pass
+    job = HostCopy(src, dst)
+    metrics.bump("transfers_to_host")
+    metrics.bump("bytes_to_host", out.numel() * out.element_size())
+    _start_worker()
+    while _copies and _copies[0].done.is_set() and _copies[0].error is None:
+        _copies.popleft()
+    _copies.append(job)
+    _queue.put(job)
+    inflight.retire(job)  # synchronize(), events and Stream.query() wait for it
+
+
+def wait_host_copies() -> None:
+    """Block until every non-blocking device->host copy issued so far has landed; raise the
+    first one's failure."""
+    while True:
+        try:
+            job = _copies[0]  # left queued while waited for: another thread's read waits too
+        except IndexError:
+            return
+        job.done.wait()
+        try:
+            if _copies[0] is job:
+                _copies.popleft()
+        except IndexError:
+            pass
+        if job.error is not None:
+            raise RuntimeError(f"torchtpu: a non-blocking copy to the host failed: {job.error}") from job.error
+
+
+def _drain_at_exit() -> None:
+    # JAX's runtime must not be torn down under a copy still running on the worker
+    for job in list(_copies):
+        job.done.wait(timeout=60)
