@@ -94,6 +94,21 @@ _SWIN_4_STAGES = {"backbone_config.depths": [1, 1, 1, 1], "backbone_config.num_h
                   "backbone_config.num_layers": 4, "backbone_config.window_size": 2,
                   "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]}
 
+# The HGNetV2 backbone of D-FINE-style detectors at its ModelTester's sizes, three feature maps.
+_HGNET_V2 = {"model_type": "hgnet_v2", "stage_in_channels": [16, 64, 128, 256], "stage_mid_channels": [16, 32, 64, 128],
+             "stage_out_channels": [64, 128, 256, 512], "stage_num_blocks": [1, 1, 2, 1],
+             "stage_downsample": [False, True, True, True], "stage_light_block": [False, False, True, True],
+             "stage_kernel_size": [3, 3, 5, 5], "stage_numb_of_layers": [3, 3, 3, 3], "embedding_size": 10,
+             "hidden_sizes": [64, 128, 256, 512], "depths": [1, 1, 2, 1],
+             "out_features": ["stage2", "stage3", "stage4"], "stem_channels": [3, 16, 16],
+             "use_learnable_affine_block": True}
+# ... and the encoder/decoder over it (10 queries: a 32 px image has 21 anchors over the three maps).
+_D_FINE = {"backbone_config": _HGNET_V2, "encoder_hidden_dim": 32, "encoder_in_channels": [128, 256, 512],
+           "encoder_ffn_dim": 64, "encoder_attention_heads": 2, "d_model": 32, "num_queries": 10,
+           "decoder_in_channels": [32, 32, 32], "decoder_ffn_dim": 64, "decoder_n_points": [3, 6, 3],
+           "decoder_n_levels": 3, "decoder_layers": 2, "decoder_attention_heads": 2, "num_denoising": 0,
+           "depth_mult": 0.34, "hidden_expansion": 0.5, "head_dim": 16}
+
 # Per-type overrides, applied after the generic rules (dotted keys reach into sub-configs).
 OVERRIDES: dict[str, dict] = {
     # EfficientNet stages chain in_channels[i + 1] = out_channels[i]: the ModelTester's three stages
@@ -122,9 +137,23 @@ OVERRIDES: dict[str, dict] = {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     "cohere_compass_text": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
+    "d_fine": _D_FINE,
+    "deimv2": _D_FINE,
     # one neck stage per backbone feature map: two of the two tiny layers
     "depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                        "reassemble_hidden_size": 32},
+    # two image scales, hooks on the two layers of the tiny 4-px-patch ViTs (its ModelTester's sizes)
+    "depth_pro": {"fusion_hidden_size": 16, "intermediate_hook_ids": [1, 0], "intermediate_feature_dims": [10, 8],
+                  "scaled_images_ratios": [0.5, 1.0], "scaled_images_overlap_ratios": [0.0, 0.2],
+                  "scaled_images_feature_dims": [12, 12], "image_model_config.patch_size": 4,
+                  "patch_model_config.patch_size": 4, "fov_model_config.patch_size": 4},
+    # MoE sizes a checkpoint sets (the defaults leave them None)
+    # the decoder's cross-attention reads the encoder's width
+    "dia": {"decoder_config.cross_hidden_size": 32, "decoder_config.cross_num_attention_heads": 4,
+            "decoder_config.cross_num_key_value_heads": 4},
+    "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2,
+                        "text_config.moe_intermediate_size": 64},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
@@ -229,7 +258,8 @@ OVERRIDES: dict[str, dict] = {
     # the audio codes live at the top of the text vocabulary: keep it that large
     "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
     "wavtokenizer": {"codebook_dim": 32},
-    "dots3_note": {"vision_config.adapter_in_dim": 32, "vision_config.adapter_input_size": 32},
+    "dots3_note": {"vision_config.adapter_in_dim": 32, "audio_config.adapter_input_size": 32,
+                   "vision_config.adapter_out_dim": 32, "audio_config.adapter_out_dim": 32},  # = the text width
     "qwen3_asr_encoder": {"n_window": 32},  # mel frames a multiple of 2 * n_window
     "gemma4_assistant": {"hidden_size_per_layer_input": 0, "text_config.hidden_size_per_layer_input": 0},
     "efficientloftr": {"hidden_size": 256},  # = the last of the backbone's out_features
@@ -295,6 +325,10 @@ KEEP_LISTS = ("hgnet_v2", "textnet")
 
 # Decoders over several parallel codebooks: input_ids is (batch * num_codebooks, seq).
 CODEBOOK_ROWS = ("musicgen", "musicgen_melody", "musicgen_decoder", "musicgen_melody_decoder")
+
+# Encoder-decoders whose decoder reads several parallel codebooks: decoder_input_ids is
+# (batch, seq, channels), their labels (batch * channels, seq).
+DECODER_CODEBOOK_ROWS = ("dia",)
 
 # Keypoint matchers: pixel_values is a pair of images, (batch, 2, channels, height, width).
 IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")

@@ -210,6 +210,9 @@ def make_inputs(model, variant: str) -> list[dict]:
             c.setdefault("qformer_input_ids", q)
     if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         dec = ids(t["decoder_seq"])
+        if getattr(cfg, "model_type", "") in C.DECODER_CODEBOOK_ROWS:
+            n = _get(getattr(cfg, "decoder_config", cfg), "num_channels", "num_codebooks", default=1)
+            dec = torch.stack([dec] * n, -1)  # (batch, seq, channels): the 2-D layout hits a .view
         for c in cands:
             c["decoder_input_ids"] = dec
     if getattr(cfg, "is_encoder_decoder", False) and variant in ("seq-cls", "qa", "token-cls"):
@@ -244,7 +247,10 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     if recipe == "ids" and ids is not None:
         return {"labels": ids}
     if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
-        return {"labels": inputs["decoder_input_ids"]}
+        dec = inputs["decoder_input_ids"]
+        if dec.dim() == 3:  # parallel codebooks (dia): one row of labels per (batch, channel)
+            dec = dec.transpose(1, 2).reshape(-1, dec.shape[1])
+        return {"labels": dec}
     if recipe == "decoder_ids" and ids is not None:
         return {"labels": ids}
     if recipe in ("class", "choice", "binary"):
