@@ -26,6 +26,8 @@ from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from ..eager import memory_format
+from ..eager.op_program import FAST_AFTER
+from ..eager.op_program import fast_options
 from . import collectives
 from . import graph as _graph
 
@@ -182,7 +184,18 @@ class CompiledGraph:
 
         if program.collectives is not None:
             return collectives.spmd(run, program.collectives, bool(donate)), learned
-        return jax.jit(run, donate_argnums=(0,) if donate else ()), learned
+        fast = {"compiler_options": fast_options()} if self._reshaped(sig) else {}
+        return jax.jit(run, donate_argnums=(0,) if donate else (), **fast), learned
+
+    def _reshaped(self, sig) -> bool:
+        """Whether this signature compiles without XLA's optimizations: a graph over sizes
+        Dynamo made symbolic (a decode step over a DynamicCache that grows each token) is
+        specialized per size, each program run about once; past the graph's FAST_AFTER-th
+        such program they compile at -O0, as eager ops past their FAST_AFTER-th shape do."""
+        if len(self._jits) < FAST_AFTER or not any(s[0] == "number" for s in sig):
+            return False
+        bump("fast_compiles")
+        return True
 
     def _donatable(self, sig, bufs, entries) -> tuple:
         """Mutated inputs whose old buffer nobody else can see: XLA may update them in place.

@@ -34,7 +34,7 @@ from . import modes
 from . import scalars as _scalars
 from .origin import user_frame as _origin
 from .origin import where as _where
-from .op_program import _fast_options
+from .op_program import fast_options
 from .recordable import Recordable, RecordedOp, count_run
 
 _lock = threading.RLock()
@@ -257,7 +257,7 @@ def _make_fused(nodes, out_refs, codes, donate, group=None, fast=False):
         fn = _spmd(fused, group, bool(donate))
     else:
         fn = jax.jit(fused, donate_argnums=(0,) if donate else (),
-                     **({"compiler_options": _fast_options()} if fast else {}))
+                     **({"compiler_options": fast_options()} if fast else {}))
     return _Fused(fn, declared)
 
 

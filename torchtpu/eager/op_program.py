@@ -189,7 +189,8 @@ _FAST_OPTIONS_CPU = dict(_FAST_OPTIONS, xla_cpu_use_fusion_emitters=False)
 shapes_seen: dict = _caches.register("eager op shapes seen", {})  # shape-free key -> executables made for it
 
 
-def _fast_options() -> dict:
+def fast_options() -> dict:
+    """XLA compiler options for a program run a few times at most (see FAST_AFTER)."""
     from ..runtime.jaxenv import platform
 
     return _FAST_OPTIONS_CPU if platform() == "cpu" else _FAST_OPTIONS
@@ -205,7 +206,7 @@ def jit_packed(program, codes, fast: bool = False, compiled: Compiled | None = N
         return _with_checks(ref() if ref is not None else None, program, bufs,
                             tuple(scalars.unpack(packed, codes)), rngdata)
 
-    fn = jax.jit(packed_program, compiler_options=_fast_options()) if fast else jax.jit(packed_program)
+    fn = jax.jit(packed_program, compiler_options=fast_options()) if fast else jax.jit(packed_program)
     fn.codes = codes
     return fn
 
