@@ -172,3 +172,26 @@ def test_decode_region_at_a_new_bucket_compiles_fast():
         got = _attention_decode("tpu", 40)  # cache lengths 5..44: buckets 16, 32, 64
     torch.testing.assert_close(got, ref)
     assert torchtpu.metrics().get("fast_region_compiles", 0) > before
+
+
+@pytest.mark.slow
+def test_symbolic_graph_past_its_fourth_size_compiles_fast():
+    """A compiled graph Dynamo made symbolic in a length is specialized per length; past its
+    4th (TORCHTPU_FAST_COMPILE_AFTER) those programs compile without XLA's optimizations
+    (one per decoded token with a DynamicCache and a compiled forward); values equal CPU's."""
+    torch._dynamo.reset()
+
+    def f(k, q):
+        return (q @ k.transpose(0, 1)).softmax(-1) @ k * k.shape[0]
+
+    g = torch.compile(f, backend="tpu")
+    q = torch.randn(1, 4, generator=torch.Generator().manual_seed(0))
+    graphs, fast = torchtpu.metrics().get("compile_graphs", 0), torchtpu.metrics().get("fast_compiles", 0)
+    for n in range(5, 12):
+        k = torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
+        kt = k.to("tpu")
+        torch._dynamo.mark_dynamic(kt, 0)
+        torch.testing.assert_close(g(kt, q.to("tpu")).cpu(), f(k, q))
+    m = torchtpu.metrics()
+    assert m["compile_graphs"] - graphs == 7  # one program per length ...
+    assert m["fast_compiles"] - fast == 3  # ... the 5th to 7th unoptimized
