@@ -14,7 +14,7 @@ def _get(cfg, *names, default=None):
         v = getattr(cfg, n, None)
         if v is not None:
             return v
-    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config"):
+    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config", "asr_config"):
         s = getattr(cfg, sub, None)
         if s is not None and not isinstance(s, dict):
             for n in names:
