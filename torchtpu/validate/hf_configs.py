@@ -265,7 +265,9 @@ OVERRIDES: dict[str, dict] = {
     "efficientloftr": {"hidden_size": 256},  # = the last of the backbone's out_features
     "lw_detr": {"backbone_config.num_windows": 4},  # image_size / num_windows a multiple of sqrt(num_windows)
     "gemma4_unified_assistant": {"text_config.num_kv_shared_layers": 0},
-    "nemo_speechlm": {"audio_config.diarization_config.head_config.audio_hidden_size": 32},
+    "nemo_speechlm": {"audio_config.diarization_config.head_config.audio_hidden_size": 32,
+                      "text_config.n_groups": 2, "text_config.ssm_state_size": 16,  # as nemotron_h
+                      "text_config.moe_shared_expert_intermediate_size": 64},
     "nemotron3_5_transcribe_audio": {"diarization_config.head_config.audio_hidden_size": 32},
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # whisper-style encoders that check the mel length against 2 * max_source_positions
@@ -307,6 +309,10 @@ OVERRIDES: dict[str, dict] = {
     "maskformer": {**_SWIN_4_STAGES, "fpn_feature_size": 32, "mask_feature_size": 32, "decoder_config.num_queries": 8},
     "mistral4": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "head_dim": 4},  # MLA: rotary dim = head_dim
     "moonshine": {"encoder_num_key_value_heads": 4, "decoder_num_key_value_heads": 4},  # <= the tiny head count
+    # 0.25 of the full-attention head rotates: 4 dims, the multiple of 4 its two M-RoPE axes need
+    "neomme": {"head_dim": 16},
+    # Mamba2 groups divide the (tiny) head count; state and shared-expert widths have no generic key
+    "nemotron_h": {"n_groups": 2, "ssm_state_size": 16, "moe_shared_expert_intermediate_size": 64},
     # task prompts of task_seq_len tokens through a CLIP-style text encoder
     "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
                   "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
