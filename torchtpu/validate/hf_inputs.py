@@ -108,7 +108,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         `square`: each patch as a (channels, ps, ps) image (towers that embed with a Conv2d)."""
         vc = getattr(cfg, "vision_config", None) or cfg
         ch = _get(vc, "in_channels", "in_chans", "num_channels", default=3)
-        tps = _get(vc, "temporal_patch_size", default=1)
+        tps = _get(vc, "temporal_patch_size", "patch_temporal", default=1)
         ps = _get(vc, "patch_size", default=t["patch"])
         tps = tps[0] if isinstance(tps, (list, tuple)) else tps
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
@@ -170,6 +170,9 @@ def make_inputs(model, variant: str) -> list[dict]:
         n = t["audio_samples"] * (4 if variant == "audio-xvector" else 1)
         x = torch.randn(b, n, generator=g)
         cands += [{name: x}, {name: x[:, None]}]
+        # strided codec encoders (downsampling 10x+ before a wide kernel) need more samples
+        x4 = torch.randn(b, 4 * n, generator=g)
+        cands += [{name: x4[:, None]}, {name: x4}]
     elif name in ("inputs_embeds", "query_embeds"):
         hidden = _get(cfg, "hidden_size", "d_model", default=t["hidden"])
         c = {name: torch.randn(b, s, hidden, generator=g)}
