@@ -263,7 +263,12 @@ OVERRIDES: dict[str, dict] = {
     "qwen3_asr_encoder": {"n_window": 32},  # mel frames a multiple of 2 * n_window
     "gemma4_assistant": {"hidden_size_per_layer_input": 0, "text_config.hidden_size_per_layer_input": 0},
     "efficientloftr": {"hidden_size": 256},  # = the last of the backbone's out_features
-    "lw_detr": {"backbone_config.num_windows": 4},  # image_size / num_windows a multiple of sqrt(num_windows)
+    "lw_detr": {"backbone_config.num_windows": 4,  # image_size / num_windows a multiple of sqrt(num_windows)
+                # feature levels, projector scales and queries left to a checkpoint; LwDetrModelTester's values
+                "projector_scale_factors": [0.5, 2.0], "num_feature_levels": 2, "num_queries": 10, "group_detr": 2,
+                "decoder_ffn_dim": 32, "backbone_config.window_block_indices": [0],
+                "backbone_config.out_indices": [0, 1]},
+    "lw_detr_vit": {"num_windows": 4},
     "gemma4_unified_assistant": {"text_config.num_kv_shared_layers": 0},
     "nemo_speechlm": {"audio_config.diarization_config.head_config.audio_hidden_size": 32,
                       "text_config.n_groups": 2, "text_config.ssm_state_size": 16,  # as nemotron_h
@@ -317,6 +322,8 @@ OVERRIDES: dict[str, dict] = {
     "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
                   "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
                   "text_encoder_context_length": 8, "text_encoder_vocab_size": 99},
+    "prompt_depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
+                              "reassemble_hidden_size": 32},  # as depth_anything
 }
 
 # Constructor arguments for config classes whose defaults fail their own validator (upstream).
