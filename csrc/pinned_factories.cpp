@@ -1,5 +1,6 @@
 // torch.empty(..., pin_memory=True) and every factory built on it (zeros, ones, full,
-// rand, randn, torch.tensor, empty_like, ...) giving pinned CPU tensors, as on CUDA.
+// rand, randn, torch.tensor, empty_like, ...), and arange, eye, the windows, tril/triu
+// indices, scalar_tensor and fftfreq, giving pinned CPU tensors, as on CUDA.
 //
 // A CPU allocation with pin_memory=True asks the accelerator's C++ hooks for a pinned
 // allocator (getPinnedMemoryAllocator); the hooks a Python backend can register have
@@ -18,6 +19,7 @@
 #include <ATen/ops/empty_strided_ops.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -55,6 +57,43 @@ at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
   return at::_ops::_pin_memory::call(host, std::nullopt);
 }
 
+// The factories that do not end in one of the two allocations above: arange, eye and the
+// window functions resize the empty tensor they start from (a pinned block's storage is not
+// resizable), tril_indices, triu_indices and scalar_tensor allocate through the pinned
+// allocator themselves. For a pinned CPU result they run unpinned, then _pin_memory copies
+// the result into a pinned block; otherwise they redispatch exactly as PyTorch's generated
+// BackendSelect kernel does. One boxed kernel serves them all: the options are found in
+// the stack by name.
+void pinned_after(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t base = stack->size() - schema.arguments().size();
+  auto arg = [&](const char* name) -> c10::IValue& {
+    return (*stack)[base + schema.argumentIndexWithName(name).value()];
+  };
+  auto dtype = arg("dtype").toOptional<at::ScalarType>();
+  auto layout = arg("layout").toOptional<at::Layout>();
+  auto device = arg("device").toOptional<at::Device>();
+  auto pin_memory = arg("pin_memory").toOptional<bool>();
+  c10::DispatchKeySet keys(c10::computeDispatchKey(dtype, layout, device));
+  if (!pinned_on_cpu(pin_memory, keys)) {
+    op.redispatchBoxed(keys, stack);
+    return;
+  }
+  arg("pin_memory") = c10::IValue();
+  op.redispatchBoxed(keys, stack);
+  auto host = torch::jit::pop(*stack).toTensor();
+  torch::jit::push(*stack, at::_ops::_pin_memory::call(host, std::nullopt));
+}
+
+const char* const kPinnedAfter[] = {
+    "arange", "arange.start", "arange.start_step", "range", "range.step", "eye", "eye.m",
+    "hann_window", "hann_window.periodic", "hamming_window", "hamming_window.periodic",
+    "hamming_window.periodic_alpha", "hamming_window.periodic_alpha_beta", "bartlett_window",
+    "bartlett_window.periodic", "blackman_window", "blackman_window.periodic", "kaiser_window",
+    "kaiser_window.periodic", "kaiser_window.beta", "tril_indices", "triu_indices", "scalar_tensor",
+    "fft_fftfreq", "fft_rfftfreq",
+};
+
 // Replacing PyTorch's own BackendSelect kernels is deliberate: the dispatcher's
 // "Overriding a previously registered kernel" notice is silenced for these two only.
 struct Silent : c10::WarningHandler {
@@ -75,6 +114,9 @@ PyMODINIT_FUNC PyInit__pinned_factories(void) {
                                                c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
     library->impl("empty.memory_format", TORCH_FN(empty_memory_format));
     library->impl("empty_strided", TORCH_FN(empty_strided));
+    for (const char* name : kPinnedAfter) {
+      library->impl(name, torch::CppFunction::makeFromBoxedFunction<&pinned_after>());
+    }
   }
   return PyModule_Create(&module_def);
 }

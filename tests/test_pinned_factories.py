@@ -22,6 +22,22 @@ FACTORIES = {
     "randperm": (lambda **kw: torch.randperm(9, **kw), True),
     "normal": (lambda **kw: torch.normal(0.0, 2.0, (5,), **kw), True),
     "linspace": (lambda **kw: torch.linspace(-1, 1, 7, **kw), True),
+    "logspace": (lambda **kw: torch.logspace(0, 2, 5, dtype=torch.float64, **kw), True),
+    # factories that resize what they start from, or allocate through the pinned allocator
+    "arange": (lambda **kw: torch.arange(7, **kw), True),
+    "arange_float": (lambda **kw: torch.arange(0.5, 3, 0.25, **kw), True),
+    "eye": (lambda **kw: torch.eye(3, **kw), True),
+    "eye_rect": (lambda **kw: torch.eye(2, 4, dtype=torch.int16, **kw), True),
+    "hann_window": (lambda **kw: torch.hann_window(8, **kw), True),
+    "hamming_window": (lambda **kw: torch.hamming_window(8, False, 0.5, 0.4, **kw), True),
+    "bartlett_window": (lambda **kw: torch.bartlett_window(7, **kw), True),
+    "blackman_window": (lambda **kw: torch.blackman_window(7, periodic=False, **kw), True),
+    "kaiser_window": (lambda **kw: torch.kaiser_window(9, True, 8.0, **kw), True),
+    "tril_indices": (lambda **kw: torch.tril_indices(4, 3, -1, **kw), True),
+    "triu_indices": (lambda **kw: torch.triu_indices(3, 5, 1, **kw), True),
+    "scalar_tensor": (lambda **kw: torch.scalar_tensor(2.5, dtype=torch.float64, **kw), True),
+    "fftfreq": (lambda **kw: torch.fft.fftfreq(6, 0.5, **kw), True),
+    "rfftfreq": (lambda **kw: torch.fft.rfftfreq(7, **kw), True),
 }
 
 
@@ -56,3 +72,14 @@ def test_unpinned_factories_unchanged():
     assert not torch.empty(3).is_pinned() and not torch.zeros(2, pin_memory=False).is_pinned()
     t = torch.empty(4, device="tpu")
     assert t.device.type == "tpu"
+
+
+def test_pinned_factory_errors_as_cpu():
+    # torch.range takes no pin_memory on CPU: the same TypeError
+    with pytest.raises(TypeError, match="pin_memory"):
+        torch.range(0, 3, pin_memory=True)
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.arange(0, 3, -1)
+    with pytest.raises(RuntimeError) as pinned_err:
+        torch.arange(0, 3, -1, pin_memory=True)
+    assert str(pinned_err.value) == str(cpu_err.value)

@@ -14,7 +14,9 @@ getPinnedMemoryAllocator"). Their ATen kernels are served here instead:
 `torch.empty(..., pin_memory=True)` (and the factories over it: zeros, randn, tensor,
 empty_like, ...) never reaches Python: CPU allocation happens in C++. The extension
 `_pinned_factories` (csrc/pinned_factories.cpp) replaces the two BackendSelect kernels
-every CPU factory allocates through, routing a pinned allocation to `_pin_memory` here.
+every CPU factory allocates through, routing a pinned allocation to `_pin_memory` here,
+and those of the factories that resize what they start from (arange, eye, windows) or
+allocate themselves (tril/triu_indices, scalar_tensor): run unpinned, then pinned.
 
 `.to("cpu", non_blocking=True)` returns its pinned result before the value has
 landed (runtime/transfer.to_host_async: a worker thread writes it); as on CUDA the
