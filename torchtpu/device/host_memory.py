@@ -87,7 +87,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
     if non_blocking and device is not None and torch.device(device).type == "cpu" \
             and layout in (None, torch.strided) and memory_format in (None, torch.preserve_format) \
-            and not (self.is_conj() or self.is_neg()):
+            and self.layout == torch.strided and not (self.is_conj() or self.is_neg()):
         out = _to_host_async(self, dtype or self.dtype)
         if out is not None:
             return out
