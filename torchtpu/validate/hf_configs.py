@@ -154,9 +154,16 @@ OVERRIDES: dict[str, dict] = {
     "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2,
                         "text_config.moe_intermediate_size": 64},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # its ModelTester's three stages (the last stage's width = hidden_size), 1x1 aggregation
+    "efficientloftr": {"stage_num_blocks": [1, 1, 1], "out_features": [32, 32, 128], "stage_stride": [2, 1, 2],
+                       "q_aggregation_kernel_size": 1, "kv_aggregation_kernel_size": 1, "q_aggregation_stride": 1,
+                       "kv_aggregation_stride": 1, "num_attention_layers": 2, "num_attention_heads": 8,
+                       "num_key_value_heads": 8, "hidden_size": 128, "coarse_matching_threshold": 0.0,
+                       "fine_kernel_size": 2, "coarse_matching_border_removal": 0, "fine_fusion_dims": [128, 32, 32]},
     "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
+    "encodec": {"codebook_dim": 32},  # the quantizer works at the (tiny) hidden width
     # q-z types, from their ModelTesters where they have one. Detectors and dense heads that take
     # several backbone feature maps: the default out_indices, which the generic rules drop.
     "rf_detr": {"num_queries": 16, "group_detr": 2, "decoder_self_attention_heads": 4,
@@ -262,7 +269,6 @@ OVERRIDES: dict[str, dict] = {
                    "vision_config.adapter_out_dim": 32, "audio_config.adapter_out_dim": 32},  # = the text width
     "qwen3_asr_encoder": {"n_window": 32},  # mel frames a multiple of 2 * n_window
     "gemma4_assistant": {"hidden_size_per_layer_input": 0, "text_config.hidden_size_per_layer_input": 0},
-    "efficientloftr": {"hidden_size": 256},  # = the last of the backbone's out_features
     "lw_detr": {"backbone_config.num_windows": 4,  # image_size / num_windows a multiple of sqrt(num_windows)
                 # feature levels, projector scales and queries left to a checkpoint; LwDetrModelTester's values
                 "projector_scale_factors": [0.5, 2.0], "num_feature_levels": 2, "num_queries": 10, "group_detr": 2,

@@ -14,7 +14,8 @@ def _get(cfg, *names, default=None):
         v = getattr(cfg, n, None)
         if v is not None:
             return v
-    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config", "asr_config"):
+    for sub in ("text_config", "vision_config", "audio_config", "encoder", "encoder_config", "asr_config",
+                "model_config"):
         s = getattr(cfg, sub, None)
         if s is not None and not isinstance(s, dict):
             for n in names:
@@ -153,6 +154,7 @@ def make_inputs(model, variant: str) -> list[dict]:
             cands += [{**pixels(name), **text()}]
     elif name == "input_features":
         bins = _get(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
+        bins *= getattr(cfg, "num_stacked_frames", None) or 1  # low-frame-rate encoders stack mel frames
         src = _get(cfg, "max_source_positions", default=None)
         frames = 2 * src if isinstance(src, int) and src <= 64 else t["audio_frames"]
         x = torch.randn(b, bins, frames, generator=g)
