@@ -164,6 +164,8 @@ OVERRIDES: dict[str, dict] = {
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
     "encodec": {"codebook_dim": 32},  # the quantizer works at the (tiny) hidden width
+    # its input projection reads (channels[0] // 4) x channels[1] features: 16 mel bins / 4 x 8
+    "gemma4_audio": {"subsampling_conv_channels": [16, 8]},
     # q-z types, from their ModelTesters where they have one. Detectors and dense heads that take
     # several backbone feature maps: the default out_indices, which the generic rules drop.
     "rf_detr": {"num_queries": 16, "group_detr": 2, "decoder_self_attention_heads": 4,

@@ -137,6 +137,14 @@ def make_inputs(model, variant: str) -> list[dict]:
     elif name == "hidden_states" and grid_key:
         pass
     elif name in ("pixel_values", "images", "pixel_values_videos"):
+        if "pixel_position_ids" in params:
+            # Gemma 4 vision: patchified pixels + each patch's (x, y); a grid of 2x2 pooling windows
+            vc = getattr(cfg, "vision_config", None) or cfg
+            ps = _get(vc, "patch_size", default=t["patch"])
+            side = 2 * (_get(vc, "pooling_kernel_size", default=1) or 1)
+            yx = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1)
+            cands.append({name: torch.randn(b, side * side, 3 * ps * ps, generator=g),
+                          "pixel_position_ids": yx.flip(-1).reshape(1, -1, 2).expand(b, -1, -1).contiguous()})
         if "spatial_shapes" in params:  # NaFlex (SigLIP2): patchified pixels + mask + patch grid
             vc = getattr(cfg, "vision_config", None) or cfg
             ps = _get(vc, "patch_size", default=t["patch"])
