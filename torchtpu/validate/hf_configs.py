@@ -164,6 +164,7 @@ OVERRIDES: dict[str, dict] = {
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
     "encodec": {"codebook_dim": 32},  # the quantizer works at the (tiny) hidden width
+    "grounding-dino": {"num_queries": 10},  # a 32 px image has fewer anchors than the default 900
     # its input projection reads (channels[0] // 4) x channels[1] features: 16 mel bins / 4 x 8
     "gemma4_audio": {"subsampling_conv_channels": [16, 8]},
     # q-z types, from their ModelTesters where they have one. Detectors and dense heads that take
@@ -350,6 +351,10 @@ CODEBOOK_ROWS = ("musicgen", "musicgen_melody", "musicgen_decoder", "musicgen_me
 # Encoder-decoders whose decoder reads several parallel codebooks: decoder_input_ids is
 # (batch, seq, channels), their labels (batch * channels, seq).
 DECODER_CODEBOOK_ROWS = ("dia",)
+
+# Speech encoders whose input rows are several mel frames wide (delta-expanded and stacked
+# in pairs: 4 x num_mel_bins): type -> the factor.
+MEL_ROW_FACTOR = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
 
 # Keypoint matchers: pixel_values is a pair of images, (batch, 2, channels, height, width).
 IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")

@@ -163,6 +163,7 @@ def make_inputs(model, variant: str) -> list[dict]:
     elif name == "input_features":
         bins = _get(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
         bins *= getattr(cfg, "num_stacked_frames", None) or 1  # low-frame-rate encoders stack mel frames
+        bins *= C.MEL_ROW_FACTOR.get(getattr(cfg, "model_type", ""), 1)
         src = _get(cfg, "max_source_positions", default=None)
         frames = 2 * src if isinstance(src, int) and src <= 64 else t["audio_frames"]
         x = torch.randn(b, bins, frames, generator=g)
