@@ -169,6 +169,15 @@ OVERRIDES: dict[str, dict] = {
     "gemma4_audio": {"subsampling_conv_channels": [16, 8]},
     # q-z types, from their ModelTesters where they have one. Detectors and dense heads that take
     # several backbone feature maps: the default out_indices, which the generic rules drop.
+    # read by get_rope_index but not a field of the thinker config (a checkpoint sets it)
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 97},
+    # the encoder's output-length formula hard-codes 13 frames per 100-frame chunk: n_window 50;
+    # max_source_positions (not read by the model) makes the harness feed 2 * 50 mel frames
+    "qwen3_asr_encoder": {"n_window": 50, "max_source_positions": 50},
+    # fields the modeling code reads that these config classes lack (upstream): given here
+    "qwen3_omni_moe": {"talker_config.text_config.shared_expert_intermediate_size": 64,
+                       "talker_config.spatial_merge_size": 2, "thinker_config.vision_start_token_id": 97},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 97},
     "rf_detr": {"num_queries": 16, "group_detr": 2, "decoder_self_attention_heads": 4,
                 "decoder_cross_attention_heads": 4},  # 16 queries: a 32 px image has 16 anchors
     "rt_detr": {"backbone_config.out_indices": [2, 3, 4], "backbone_config.out_features": ["stage2", "stage3", "stage4"],
@@ -179,6 +188,9 @@ OVERRIDES: dict[str, dict] = {
                    "encoder_in_channels": [32, 64, 64], "encoder_hidden_dim": 32,
                    "decoder_in_channels": [32, 32, 32], "num_queries": 16, "num_denoising": 0},
     # SAM: image embeddings (vision output_channels) in the mask decoder's width, at 32 / 8 = 4 px
+    # per-layer KV heads of the two tiny layers; one full-attention layer first and last
+    "sapiens2": {"num_key_value_heads_per_layer": [4, 4], "num_key_value_attention_heads": 2,
+                 "num_first_full_attention_layers": 1, "num_last_full_attention_layers": 1},
     "sam": {"vision_config.output_channels": 32, "vision_config.global_attn_indexes": [1],
             "vision_config.window_size": 2, "vision_config.num_pos_feats": 16,
             "prompt_encoder_config.image_embedding_size": 4, "mask_decoder_config.iou_head_hidden_dim": 32},
@@ -211,12 +223,15 @@ OVERRIDES: dict[str, dict] = {
                      "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
                      "vision_config.backbone_config.window_size": 2,
                      "vision_config.backbone_config.global_attn_indexes": [1], "mask_decoder_config.iou_head_hidden_dim": 32},
+    # the yes / no logits it classifies with, inside the tiny vocabulary; 2x2 image tokens
+    "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
     "slanet": {"backbone_config.out_indices": [2, 3, 4, 5],
                "backbone_config.out_features": ["stage2", "stage3", "stage4", "stage5"]},
     # descriptors in the matcher's width; one self + one cross GNN layer
     "superglue": {"keypoint_detector_config.descriptor_decoder_dim": 32, "keypoint_encoder_sizes": [16, 32],
                   "gnn_layers_types": ["self", "cross"], "sinkhorn_iterations": 5},
     # a DPT neck stage per backbone map: four maps need four (tiny) layers
+    "t5gemma2_encoder": {"text_config.dropout_rate": 0.0, "mm_tokens_per_image": 4},  # set by T5Gemma2Config only
     "tipsv2_dpt": {"backbone_config.num_hidden_layers": 4, "backbone_config.out_indices": [1, 2, 3, 4],
                    "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
     "upernet": {"backbone_config.out_indices": [1, 2, 3, 4],
@@ -226,6 +241,14 @@ OVERRIDES: dict[str, dict] = {
               "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
               "image_size": 64},
     "vitmatte": {"backbone_config.patch_size": 16},  # the ConvStream's three stride-2 stages meet it at 1/16
+    # derived in __post_init__ from hidden_size, but passed back from the default's to_dict(): recomputed
+    # the MIT (frame-level) transformer in the projection width; prompt heads that divide it
+    "xclip": {"vision_config.mit_hidden_size": 32, "vision_config.mit_intermediate_size": 64,
+              "vision_config.mit_num_attention_heads": 4, "prompt_num_attention_heads": 4},
+    # the quantizer sees acoustic + semantic hidden states concatenated: 32 + 32
+    "xcodec": {"codebook_dim": 64, "codebook_size": 64},
+    "xcodec2": {"quantization_dim": 64},
+    "zamba2": {"attention_hidden_size": 64, "attention_head_dim": 16, "mamba_headdim": 16},
     "zoedepth": {"backbone_config.num_hidden_layers": 4, "backbone_config.out_indices": [1, 2, 3, 4],
                  "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
     "whisper": {"max_source_positions": 32, "num_mel_bins": 16},
@@ -270,7 +293,6 @@ OVERRIDES: dict[str, dict] = {
     "wavtokenizer": {"codebook_dim": 32},
     "dots3_note": {"vision_config.adapter_in_dim": 32, "audio_config.adapter_input_size": 32,
                    "vision_config.adapter_out_dim": 32, "audio_config.adapter_out_dim": 32},  # = the text width
-    "qwen3_asr_encoder": {"n_window": 32},  # mel frames a multiple of 2 * n_window
     "gemma4_assistant": {"hidden_size_per_layer_input": 0, "text_config.hidden_size_per_layer_input": 0},
     "lw_detr": {"backbone_config.num_windows": 4,  # image_size / num_windows a multiple of sqrt(num_windows)
                 # feature levels, projector scales and queries left to a checkpoint; LwDetrModelTester's values

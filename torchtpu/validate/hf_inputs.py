@@ -100,6 +100,8 @@ def make_inputs(model, variant: str) -> list[dict]:
         if isinstance(size, dict):
             size = size.get("height", t["image"])
         h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        if "prompt_pixel_values" in params:  # SegGPT stacks prompt over input: each is half the height
+            h //= 2
         if video:
             return {key: torch.randn(b, _get(vc, "num_frames", default=4), ch, h, w, generator=g)}
         return {key: torch.randn(b, ch, h, w, generator=g)}
@@ -128,6 +130,8 @@ def make_inputs(model, variant: str) -> list[dict]:
         cands.append(text())
         if "pixel_values" in params:  # vision-language models whose forward needs an image
             cands.append({**text(), **pixels()})
+            if _get(cfg, "num_frames") is not None:  # or a video (X-CLIP: batch, frames, channels, h, w)
+                cands.append({**text(), **pixels(video=True)})
         bins = next((getattr(sc, k) for sc in [cfg] + [getattr(cfg, n, None) for n in sorted(C.SUBCONFIG_KEYS)]
                      for k in ("num_mel_bins", "feature_size") if isinstance(getattr(sc, k, None), int)), None)
         if "input_features" in params and bins:
@@ -312,6 +316,12 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
             c[n] = ids(s)
         elif n == "input_values":
             c[n] = torch.randn(b, 1, t["audio_samples"], generator=g)
+        elif n == "input_features" and "input_values" in c:  # codecs with a semantic encoder beside
+            # the acoustic one (Xcodec2): one feature frame per hop of the waveform
+            sem = getattr(cfg, "semantic_model_config", None) or cfg
+            dim = _get(sem, "feature_projection_input_dim", "num_mel_bins", default=t["hidden"])
+            c[n] = torch.randn(b, c["input_values"].shape[-1] // (getattr(cfg, "hop_length", None) or 320), dim,
+                               generator=g)
         elif n == "query_embeds":
             c[n] = torch.randn(b, _get(cfg, "num_query_tokens", default=4),
                                _get(cfg, "hidden_size", default=t["hidden"]), generator=g)
