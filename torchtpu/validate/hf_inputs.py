@@ -198,6 +198,17 @@ def make_inputs(model, variant: str) -> list[dict]:
         cands.append(c)
     elif name == "past_values":
         cands += _time_series(cfg, params, b, g)
+    elif name == "inputs":  # Perceiver: its preprocessor's input, token ids for the text heads
+        cands.append({name: ids(s), **({"attention_mask": text()["attention_mask"]} if "attention_mask" in params else {})})
+    elif name == "latents":  # codec decoders: (batch, latent channels, frames)
+        ch = _get(cfg, "latent_dim", "hidden_size", default=t["hidden"])
+        cands.append({name: torch.randn(b, ch, 8, generator=g)})
+    elif name == "flattened_patches":  # Pix2Struct: (row, column, patch pixels) per patch, 4x4 patches
+        vc = getattr(cfg, "vision_config", None) or cfg
+        d = _get(vc, "patch_embed_hidden_size", default=3 * t["patch"] ** 2)
+        rc = torch.stack(torch.meshgrid(torch.arange(1, 5), torch.arange(1, 5), indexing="ij"), -1).reshape(16, 2)
+        x = torch.cat([rc[None].expand(b, -1, -1).float(), torch.randn(b, 16, d, generator=g)], -1)
+        cands.append({name: x, **({"attention_mask": torch.ones(b, 16, dtype=torch.long)} if "attention_mask" in params else {})})
     else:
         raise _NoRecipe(f"no dummy-input recipe for main input {name!r}")
     if "noise" in params and name == "pixel_values":  # random patch masking (ViT-MAE): the same noise both sides
