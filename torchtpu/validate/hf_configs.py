@@ -353,6 +353,7 @@ OVERRIDES: dict[str, dict] = {
     "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
                   "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
                   "text_encoder_context_length": 8, "text_encoder_vocab_size": 99},
+    "pix2struct": {"text_config.d_kv": 8, "vision_config.d_kv": 8},  # attention reshapes to hidden // heads
     "prompt_depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                               "reassemble_hidden_size": 32},  # as depth_anything
 }
