@@ -353,6 +353,19 @@ OVERRIDES: dict[str, dict] = {
     "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
                   "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
                   "text_encoder_context_length": 8, "text_encoder_vocab_size": 99},
+    # text-line recognizers read 48-px-high lines (the image_size the dummy pixels take); the mobile one's
+    # backbone strides (2, 1) / (1, 2) as PPOCRV5MobileRecModelTester's, the default strides 2 twice more
+    "pp_ocrv5_mobile_det": {"image_size": 64},
+    "pp_ocrv5_mobile_rec": {"image_size": [48, 64], "backbone_config": {
+        "model_type": "pp_lcnet_v3", "scale": 0.95, "divisor": 16, "out_features": ["stage2", "stage3", "stage4", "stage5"],
+        "out_indices": [2, 3, 4, 5], "block_configs": [
+            [[3, 16, 32, 1, False]], [[3, 32, 32, 1, False], [3, 32, 32, 1, False]],
+            [[3, 32, 32, [2, 1], False], [3, 32, 32, 1, False]],
+            [[3, 32, 32, [1, 2], False]] + [[5, 32, 32, 1, False]] * 4,
+            [[5, 32, 32, [2, 1], True], [5, 32, 32, 1, True], [5, 32, 32, [2, 1], False], [5, 32, 32, 1, False]]]}},
+    "pp_ocrv5_server_rec": {"image_size": [48, 320]},
+    "pp_ocrv6_small_rec": {"image_size": [48, 320]},
+    "pp_ocrv6_tiny_rec": {"image_size": [48, 320]},
     "pix2struct": {"text_config.d_kv": 8, "vision_config.d_kv": 8},  # attention reshapes to hidden // heads
     "prompt_depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                               "reassemble_hidden_size": 32},  # as depth_anything
@@ -362,6 +375,12 @@ OVERRIDES: dict[str, dict] = {
 INIT_KWARGS: dict[str, dict] = {
     "gemma4_assistant": {"hidden_size_per_layer_input": 0},
 }
+
+# Models whose default config is already small (their ModelTesters use it as it is) and whose stage
+# lists, block tables and channel counts are tied in ways no shrinking rule keeps: no generic rule
+# applies, OVERRIDES still do (PaddleOCR's detectors and recognizers).
+KEEP_DEFAULT = ("pp_ocrv5_mobile_det", "pp_ocrv5_mobile_rec", "pp_ocrv5_server_rec", "pp_ocrv6_small_rec",
+                "pp_ocrv6_tiny_rec")
 
 # Convolutional backbones whose per-stage lists are tied to each other in ways the list rules do
 # not keep (channel counts derived from several lists): their default stage lists stay as they are

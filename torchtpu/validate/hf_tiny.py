@@ -215,7 +215,7 @@ def tiny_config(model_type: str):
     default = AutoConfig.for_model(model_type, **C.INIT_KWARGS.get(model_type, {}))
     d = default.to_dict()
     ov = C.OVERRIDES.get(model_type, {})
-    shrunk = _shrink_dict(d)
+    shrunk = dict(d) if model_type in C.KEEP_DEFAULT else _shrink_dict(d)
     for k in ("transformers_version", "architectures", "_name_or_path", "model_type"):
         shrunk.pop(k, None)
     flat = {k: v for k, v in ov.items() if "." not in k}
