@@ -244,6 +244,13 @@ def make_inputs(model, variant: str) -> list[dict]:
             dec = torch.stack([dec] * n, -1)  # (batch, seq, channels): the 2-D layout hits a .view
         for c in cands:
             c["decoder_input_ids"] = dec
+    canvas = getattr(cfg, "canvas_length", None)
+    if isinstance(canvas, int) and "decoder_input_ids" in params:
+        # block diffusion (diffusion_gemma): without a canvas the forward draws one with randint on
+        # the model's device, which no seed makes equal across devices
+        dec = ids(canvas)
+        for c in cands:
+            c.setdefault("decoder_input_ids", dec)
     if getattr(cfg, "is_encoder_decoder", False) and variant in ("seq-cls", "qa", "token-cls"):
         # encoder-decoder classifiers shift input_ids into the decoder themselves and pool at
         # the <eos> token (one per row, BART-style): no decoder ids, an <eos> ending each row

@@ -143,6 +143,11 @@ def cause(detail: str) -> str:
         return "upstream: the class has no forward() (generate-only / codec wrapper)"
     if "inference_session" in detail:
         return "upstream: forward needs a live video inference session"
+    if "shared_kv_states" in detail:
+        return "upstream: a drafter whose forward needs its target model's shared KV states"
+    if "name 'BlockMask' is not defined" in detail:
+        return ("upstream: Transformers turns flex attention off when the accelerator is named tpu, "
+                "and the model names BlockMask unguarded")
     if "timed out" in detail:
         return "ours: CPU reference over the time limit"
     return "ours: harness has no working tiny config / inputs yet"
