@@ -1,26 +1,11 @@
 """FFT family (_fft_c2c, _fft_r2c, _fft_c2r and every torch.fft.* built on them) on tpu vs CPU."""
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 import torchtpu
+from conftest import check, to_cpu
 
 aten = torch.ops.aten
-
-
-def to_tpu(x):
-    return tree_map(lambda a: a.to("tpu") if isinstance(a, torch.Tensor) else a, x)
-
-
-def to_cpu(x):
-    return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, x)
-
-
-def check(fn, *args, tol=None, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*to_tpu(list(args)), **to_tpu(kw))
-    torch.testing.assert_close(to_cpu(tpu), cpu, **(tol or {}))
-    return tpu
 
 
 def check_grad(fn, *inputs):
@@ -73,7 +58,7 @@ def test_fft_c2r(no_fallback, norm, dim, last):
     x = torch.fft.rfftn(r(3, 10, 10), dim=dim)  # a genuinely Hermitian half-spectrum
     x = x.narrow(dim[-1], 0, last // 2 + 1).contiguous()
     # unnormalized sums of ~50 terms: float32 rounding differs between pocketfft and XLA
-    out = check(aten._fft_c2r, x, dim, norm, last, tol={"atol": 1e-4, "rtol": 1e-5})
+    out = check(aten._fft_c2r, x, dim, norm, last, atol=1e-4, rtol=1e-5)
     assert out.dtype == torch.float32 and out.shape[dim[-1]] == last
 
 

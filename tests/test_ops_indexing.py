@@ -1,33 +1,16 @@
 """Indexing, gather/scatter, data-dependent ops, shape copies and factories on tpu vs CPU."""
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_map
 
+import conftest
 import torchtpu
 
 T = "tpu"
-
-
-def to_t(a):
-    return a.to(T) if isinstance(a, torch.Tensor) else a
-
-
-def check(fn, *args, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*[tree_map(to_t, a) for a in args], **kw)
-    assert_same(tpu, cpu)
-    return tpu
-
-
-def assert_same(tpu, cpu):
-    if isinstance(cpu, (tuple, list)):
-        assert len(tpu) == len(cpu)
-        for a, b in zip(tpu, cpu):
-            assert_same(a, b)
-        return
-    assert tpu.device.type == T
-    torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)
+check = partial(conftest.check, equal_nan=True)
+assert_same = partial(conftest.assert_same, equal_nan=True)
 
 
 @pytest.fixture(autouse=True)

@@ -2,26 +2,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_map
 
 import torchtpu
+from conftest import check, to_cpu
 from torchtpu.ops.registry import KERNELS, LOWERINGS
-
-
-def to_tpu(x):
-    return tree_map(lambda a: a.to("tpu") if isinstance(a, torch.Tensor) else a, x)
-
-
-def to_cpu(x):
-    return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, x)
-
-
-def check(fn, *args, atol=None, rtol=None, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*to_tpu(list(args)), **to_tpu(kw))
-    tol = {} if atol is None else {"atol": atol, "rtol": rtol}
-    torch.testing.assert_close(to_cpu(tpu), cpu, **tol)
-    return tpu
 
 
 def grads(fn, inputs, device):

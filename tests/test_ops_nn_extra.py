@@ -3,23 +3,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import conftest
 import torchtpu
+from conftest import to_tpu as _tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
-def _tpu(x):
-    return x.to("tpu") if isinstance(x, torch.Tensor) else x
-
-
 def check(fn, *args, grad=(), **tol):
     """Compare fn on cpu and tpu; `grad` lists the positions of args to differentiate."""
-    cpu = fn(*args)
-    tpu = fn(*[_tpu(a) for a in args])
-    cpu_t = cpu if isinstance(cpu, tuple) else (cpu,)
-    tpu_t = tpu if isinstance(tpu, tuple) else (tpu,)
-    for c, t in zip(cpu_t, tpu_t):
-        torch.testing.assert_close(t.cpu(), c, **tol)
+    conftest.check(fn, *args, **tol)
     if grad:
         ac = [a.clone().requires_grad_() if i in grad else a for i, a in enumerate(args)]
         at = [_tpu(a).detach().requires_grad_() if i in grad else _tpu(a) for i, a in enumerate(args)]

@@ -4,32 +4,20 @@ CPU PyTorch is the oracle. Every test runs with the CPU fallback forbidden, so a
 missing lowering fails loudly.
 """
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_map
 
+import conftest
 import torchtpu
+from conftest import to_cpu, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
-
-def _tpu(x):
-    return x.to("tpu") if isinstance(x, torch.Tensor) else x
-
-
-def _cpu(x):
-    return x.cpu() if isinstance(x, torch.Tensor) else x
-
-
-def check(fn, *args, atol=None, rtol=None, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*tree_map(_tpu, args), **tree_map(_tpu, kw))
-    got = tree_map(_cpu, tpu)
-    tol = {} if atol is None else {"atol": atol, "rtol": rtol}
-    torch.testing.assert_close(got, cpu, equal_nan=True, **tol)
-    return got, cpu
+# returns (the tpu result on the CPU, the CPU result), for the tests that look further
+check = partial(conftest.check, equal_nan=True, both=True)
 
 
 def bits_equal(a, b):
@@ -129,8 +117,8 @@ def test_opinfo(name, dtype, n):
             cpu = op.op(s.input, *s.args, **s.kwargs)
         except Exception:
             continue
-        tpu = op.op(_tpu(s.input), *tree_map(_tpu, s.args), **tree_map(_tpu, s.kwargs))
-        torch.testing.assert_close(tree_map(_cpu, tpu), cpu, equal_nan=True)
+        tpu = op.op(to_tpu(s.input), *to_tpu(s.args), **to_tpu(s.kwargs))
+        torch.testing.assert_close(to_cpu(tpu), cpu, equal_nan=True)
         done += 1
 
 

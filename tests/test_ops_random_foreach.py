@@ -10,9 +10,11 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
+import conftest
 import torchtpu
+from conftest import check
+from conftest import to_tpu as tpu
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -35,14 +37,6 @@ def own_ops_native():
     torchtpu.reset_metrics()
     yield
     assert _mine_fell_back() == {}
-
-
-def tpu(x):
-    return tree_map(lambda a: a.to("tpu") if isinstance(a, torch.Tensor) else a, x)
-
-
-def cpu(x):
-    return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, x)
 
 
 # =========================================================================== random
@@ -296,28 +290,13 @@ def _lists(dtype=torch.float32, positive=False, seed=0):
     return out
 
 
-def check(fn, *args, atol=None, rtol=None):
-    expected = fn(*args)
-    got = fn(*tpu(args))
-    kw = {} if atol is None else {"atol": atol, "rtol": rtol}
-    if isinstance(expected, (list, tuple)):
-        assert len(got) == len(expected)
-        for g, e in zip(got, expected):
-            assert g.device.type == "tpu"
-            torch.testing.assert_close(g.cpu(), e, **kw)
-    else:
-        torch.testing.assert_close(got.cpu(), expected, **kw)
-
-
 def check_inplace(fn, self_list, *args, atol=None, rtol=None):
     """fn mutates its first list; compare the mutated tpu list with the mutated cpu one."""
     c = [t.clone() for t in self_list]
     fn(c, *args)
     d = tpu([t.clone() for t in self_list])
     fn(d, *tpu(args))
-    kw = {} if atol is None else {"atol": atol, "rtol": rtol}
-    for g, e in zip(d, c):
-        torch.testing.assert_close(g.cpu(), e, **kw)
+    conftest.assert_same(d, c, atol=atol, rtol=rtol)
 
 
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max"]

@@ -1,13 +1,15 @@
 """Reductions, scans, sorting, softmax and losses on the tpu device, against CPU PyTorch."""
 import math
 import warnings
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_map
 
+import conftest
 import torchtpu
+from conftest import to_cpu, to_tpu
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -38,19 +40,7 @@ def own_ops_native():
     assert _mine_fell_back() == {}
 
 
-def to_tpu(v):
-    return tree_map(lambda a: a.to("tpu") if isinstance(a, torch.Tensor) else a, v)
-
-
-def to_cpu(v):
-    return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, v)
-
-
-def check(fn, *args, exact_dtype=True, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*to_tpu(args), **kw)
-    torch.testing.assert_close(to_cpu(tpu), cpu, equal_nan=True, check_dtype=exact_dtype)
-    return tpu
+check = partial(conftest.check, equal_nan=True)
 
 
 def check_grad(fn, *inputs, others=(), atol=None, rtol=None):

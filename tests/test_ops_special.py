@@ -1,32 +1,14 @@
 """Special functions, polynomials, histograms and search ops on tpu vs CPU PyTorch."""
 import math
+from functools import partial
 
 import pytest
 import torch
 
+import conftest
 import torchtpu
 
-
-def _to(v):
-    if isinstance(v, list):
-        return [_to(a) for a in v]
-    return v.to("tpu") if isinstance(v, torch.Tensor) else v
-
-
-def _close(t, c, rtol, atol):
-    if isinstance(c, (tuple, list)):
-        assert len(t) == len(c)
-        for tt, cc in zip(t, c):
-            _close(tt, cc, rtol, atol)
-    else:
-        assert t.device.type == "tpu"
-        torch.testing.assert_close(t.cpu(), c, rtol=rtol, atol=atol, equal_nan=True)
-
-
-def check(fn, *args, rtol=None, atol=None, **kw):
-    cpu = fn(*args, **kw)
-    tpu = fn(*[_to(a) for a in args], **{k: _to(v) for k, v in kw.items()})
-    _close(tpu, cpu, rtol, atol)
+check = partial(conftest.check, equal_nan=True)
 
 
 X = torch.tensor([-12.0, -5.5, -2.5, -1.0, -0.3, 0.0, 1e-6, 0.4, 1.0, 2.1, 4.9, 5.1, 8.5, 30.0, math.inf,
