@@ -37,7 +37,9 @@ class Entry:
 
 _table: dict[int, Entry] = {}
 inflight.set_live_buffers(lambda: [e.buf for e in list(_table.values())])
-_lock = threading.Lock()
+# Reentrant: _release runs from a weakref callback, which a garbage collection can start
+# on this thread while it holds the lock (a plain Lock would deadlock there).
+_lock = threading.RLock()
 _stats = {"allocated": 0, "peak": 0}
 
 
