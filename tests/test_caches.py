@@ -96,6 +96,7 @@ NOT_CACHES = {
     "_table": "runtime/storage.py: live storages; an entry leaves with its storage",
     "_ends": "runtime/pinned.py: live pinned host blocks",
     "_parked": "runtime/inflight.py: work in flight, until done",
+    "_copies": "runtime/transfer.py: non-blocking device->host copies in flight, until the host waits",
     "_registry": "runtime/cache.py: this registry",
     "LOWERINGS": "ops/registry.py: the lowering table",
     "KERNELS": "ops/registry.py: the lowering table",
