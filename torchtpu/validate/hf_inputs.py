@@ -343,6 +343,12 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
         elif n == "query_embeds":
             c[n] = torch.randn(b, _get(cfg, "num_query_tokens", default=4),
                                _get(cfg, "hidden_size", default=t["hidden"]), generator=g)
+        elif n == "marks":  # decision heads (JEV): 1-based positions of each question's mark in row 0
+            c[n] = torch.tensor([[s // 2, s]])
+        elif n == "num_options":
+            c[n] = torch.tensor([[2, 2]])
+        elif n == "question_type_ids":
+            c[n] = torch.zeros(1, 2, dtype=torch.long)
         elif n in ("prompt_pixel_values", "prompt_masks") and "pixel_values" in c:
             c[n] = torch.randn(*c["pixel_values"].shape, generator=g)
 
