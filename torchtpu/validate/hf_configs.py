@@ -225,8 +225,10 @@ OVERRIDES: dict[str, dict] = {
                      "vision_config.backbone_config.global_attn_indexes": [1], "mask_decoder_config.iou_head_hidden_dim": 32},
     # the yes / no logits it classifies with, inside the tiny vocabulary; 2x2 image tokens
     "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 5, "no_token_index": 6},
+    # the table decoder loops max_text_length steps (500: over 600 s on tpu step by step): 8
     "slanet": {"backbone_config.out_indices": [2, 3, 4, 5],
-               "backbone_config.out_features": ["stage2", "stage3", "stage4", "stage5"]},
+               "backbone_config.out_features": ["stage2", "stage3", "stage4", "stage5"], "max_text_length": 8},
+    "slanext": {"max_text_length": 8},
     # descriptors in the matcher's width; one self + one cross GNN layer
     "superglue": {"keypoint_detector_config.descriptor_decoder_dim": 32, "keypoint_encoder_sizes": [16, 32],
                   "gnn_layers_types": ["self", "cross"], "sinkhorn_iterations": 5},
