@@ -44,11 +44,13 @@ HIDDEN_KEYS = {
     "decoder_embed_dim", "projector_hidden_size", "text_embed_dim", "vision_embed_dim",
     "pooler_hidden_size",
 }
-HEAD_KEYS = {
+# A tuple, not a set: hf_tiny takes the first key a config has as its head count, and a set's
+# order of strings changes between processes (hash randomization), so the tiny model did too.
+HEAD_KEYS = (
     "num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
     "num_heads", "decoder_num_attention_heads", "encoder_num_attention_heads", "num_attn_heads",
     "text_num_attention_heads", "vision_num_attention_heads",
-}
+)
 KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num",
                 "n_head_kv", "num_kv_groups"}
 HEAD_DIM_KEYS = {"head_dim", "kv_channels", "attention_head_dim", "d_head", "qk_nope_head_dim",

@@ -148,6 +148,8 @@ def cause(detail: str) -> str:
     if "name 'BlockMask' is not defined" in detail:
         return ("upstream: Transformers turns flex attention off when the accelerator is named tpu, "
                 "and the model names BlockMask unguarded")
+    if detail.startswith("upstream:"):  # a skip whose reason the harness data states
+        return detail.split("\n", 1)[0]
     if "timed out" in detail:
         return "ours: CPU reference over the time limit"
     return "ours: harness has no working tiny config / inputs yet"
