@@ -25,13 +25,11 @@ from __future__ import annotations
 import hashlib
 import sys
 
-import jax.numpy as jnp
 import torch
 
 from ..eager import deferred, modes, scalars
 from ..runtime import cache as _caches
-from ..runtime import geometry, storage, tensors, transfer
-from ..runtime.jaxenv import to_jax_dtype
+from ..runtime import leaf, storage, tensors, transfer
 from ..spmd.functional import LOWERINGS
 from ..spmd.mesh import Context, tpu_group
 from ..spmd.mode import get_collectives
@@ -83,26 +81,25 @@ class _Collective:
     """One collective signature as a region node: its program on this rank's block, its
     output's shape, and a standalone SPMD executable for op-by-op replay."""
 
-    def __init__(self, key, op, ctx, static, shape, stride, offset, dtype: torch.dtype, out_shape):
+    def __init__(self, key, op, ctx, static, lf: leaf.Leaf, dtype: torch.dtype, out_shape):
         self.key = key
-        self.skeleton = (key[0], key[1], shape, str(dtype))  # what every rank must agree on
+        self.skeleton = (key[0], key[1], lf.shape, str(dtype))  # what every rank must agree on
         self.ctx = ctx
         self.outs = [(out_shape, dtype)]
         self.updated = ()
         self.ran = False  # its standalone executable ran (replay counts compiles by it)
         lower = LOWERINGS[op]
-        jdt = to_jax_dtype(dtype)
+        shape = lf.shape
 
         def program(bufs, scalars_, rngdata):
-            x = geometry.read(bufs[0], shape, stride, offset, jdt)
-            return [lower(ctx, x, *static).reshape(-1)], {}
+            return [lower(ctx, leaf.read(bufs, lf), *static).reshape(-1)], {}
 
         self.program = program
 
         def fn(bufs, packed, rngdata):
             # op by op (a replayed region): the collective as strict mode runs it, through
             # the process group, checked against the peers and watched like any
-            x = geometry.read(bufs[0], shape, stride, offset, jdt).reshape(-1)
+            x = leaf.read(bufs, lf).reshape(-1)
             with modes.mode("strict"):
                 out = funcol.wait_tensor(op.redispatch(_CPU, tensors.empty(shape, dtype, x), *static))
                 return [transfer.buffer(storage.lookup(out))], {}
@@ -115,7 +112,7 @@ class _Collective:
 
     def describe(self) -> str:
         return (f"{self.key[0].split('.')[-1]}({', '.join(map(str, self.key[1]))}) on "
-                f"{self.key[2]}:{str(self.outs[0][1]).removeprefix('torch.')}")
+                f"{self.skeleton[2]}:{str(self.outs[0][1]).removeprefix('torch.')}")
 
 
 class _Written(_Collective):
@@ -129,20 +126,18 @@ class _Written(_Collective):
         self.skeleton = (name, pkey, key[2])  # not the views' offsets: each rank has its own
         self.outs = []
         self.ran = False
-        self.updated = tuple(sorted({w[0] for w in writes}))
+        self.updated = updated = tuple(sorted({lf.slot for lf in writes}))
         body = make_body()
 
         def read(bufs):
-            return [geometry.read(bufs[i], sh, st, off, dt).reshape(-1) for i, sh, st, off, dt in reads]
+            return [leaf.read(bufs, lf).reshape(-1) for lf in reads]
 
         def write_back(bufs, outs):
-            new = {}
-            for (i, sh, st, off, dt), o in zip(writes, outs):
-                base = new.get(i, bufs[i])
-                if base is None:  # an output never written before (torch.empty)
-                    base = jnp.zeros(specs[i][0], specs[i][1])
-                new[i] = geometry.write(base, o.reshape(sh).astype(dt), sh, st, off)
-            return [], new
+            # (an output never written before, torch.empty, starts as zeros of its spec)
+            bufs = list(bufs)
+            for lf, o in zip(writes, outs):
+                leaf.write(bufs, lf, o.reshape(lf.shape), spec=specs[lf.slot])
+            return [], {s: bufs[s] for s in updated}
 
         def program(bufs, scalars_, rngdata):
             outs = body(*read(bufs))
@@ -152,7 +147,7 @@ class _Written(_Collective):
 
         def fn(bufs, packed, rngdata):
             # op by op: the eager collective itself, checked and watched
-            shapes = [_Shape(r[1], r[4]) for r in reads]
+            shapes = [_Shape(lf.shape, lf.dtype) for lf in reads]
             return write_back(bufs, pg.launch(name, pkey, lambda: body, read(bufs), shapes))
 
         fn.codes = scalars.layout([])
@@ -177,18 +172,16 @@ def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
     tensors_ = list(inputs) + list(outputs)
     if not all(t.device.type == "tpu" and t.numel() for t in tensors_):
         return False
-    entries, index, geo = [], {}, []
-    for t in tensors_:
-        e = storage._table.get(t.untyped_storage()._cdata)
-        if e is None:
-            return False
-        if id(e) not in index:
-            index[id(e)] = len(entries)
-            entries.append(e)
-        geo.append((index[id(e)], tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax_dtype(t.dtype)))
+    leaves = leaf.Leaves()
+    try:
+        for t in tensors_:
+            leaves.add(t)
+    except KeyError:
+        return False
+    entries, geo = leaves.entries, tuple(leaves.leaves)
     reads, writes = geo[:len(inputs)], geo[len(inputs):]
-    specs = [(e.numel, e.dtype) for e in entries]
-    key = (name, pkey, tuple((g[1], str(g[4])) for g in reads), tuple(geo), tuple(specs),
+    specs = leaves.specs()
+    key = (name, pkey, tuple((lf.shape, str(lf.dtype)) for lf in reads), geo, specs,
            tuple(e.buf is not None for e in entries))
     ctx = _context(pg)
     node = _nodes.get((key, id(ctx)))
@@ -232,13 +225,13 @@ def _kernel(op):
             return op.redispatch(_CPU, *args)
         entry = storage.lookup(x)
         static = tuple(tuple(a) if isinstance(a, list) else a for a in args[1:])
-        shape, stride, offset = tuple(x.shape), tuple(x.stride()), x.storage_offset()
-        key = (name, static[:-1], shape, stride, offset, entry.numel, str(entry.dtype), x.dtype)
+        lf = leaf.leaf_of(x, 0)
+        key = (name, static[:-1], lf, entry.numel, str(entry.dtype), x.dtype)
         ctx = _context(pg)
         node = _nodes.get((key, id(ctx)))
         if node is None:
             node = _nodes[(key, id(ctx))] = _Collective(
-                key, op, ctx, static, shape, stride, offset, x.dtype, out_shape_of(shape, *static))
+                key, op, ctx, static, lf, x.dtype, out_shape_of(lf.shape, *static))
         return deferred.record_collective(node, [entry], _ops.setdefault(name, _Op(name)), ctx)[0]
 
     return kernel
