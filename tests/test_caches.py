@@ -51,8 +51,9 @@ EXPECTED = {
 def test_clear_caches_empties_every_registered_cache():
     assert EXPECTED <= set(cache.sizes())
     x = torch.arange(6, dtype=torch.int64).reshape(2, 3).to("tpu")
-    (x + 3).cpu()  # an op executable, an exact integer scalar pack
-    torch.nonzero(x).cpu()  # a hand-written kernel: its argument check
+    with torchtpu.eager_mode("strict"):  # (whatever TORCHTPU_EAGER_MODE the suite runs under)
+        (x + 3).cpu()  # an op executable, an exact integer scalar pack
+        torch.nonzero(x).cpu()  # a hand-written kernel: its argument check
     with torchtpu.eager_mode("defer_and_fuse"):
         (x * 2 + 1).sum().cpu()  # a fused region, its signatures, the issuing code
         torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,)).cpu()  # a control-flow executable
