@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-v1
 
-.PHONY: demo test test-all bench venv clean
+.PHONY: demo test test-all test-defer bench venv clean
 
 # setup.py and csrc/: `pip install -e .` compiles the two C++ extensions (device generator, pinned factories)
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp)
@@ -28,6 +28,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+
+# the whole fast suite with defer_and_fuse as the default mode (issue 14's "both modes"; ~2x make test)
+test-defer: $(STAMP)
+	TORCHTPU_EAGER_MODE=defer_and_fuse $(BIN)/python -m pytest -n 2 -q -m "not slow" --durations=30
 
 bench: $(STAMP)
 	$(BIN)/python -m torchtpu.bench eager
