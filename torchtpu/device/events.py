@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from .replacing import Replacing  # noqa: E402
+
 _CEvent = torch.Event  # PyTorch's own type, captured before install() replaces the name
 
 
@@ -56,21 +58,10 @@ class _Waiter:
 _waiter = _Waiter()
 
 
-class _EventMeta(type):
-    def __instancecheck__(cls, obj):
-        # events PyTorch creates in C++ (Stream.record_event) are torch.Events too
-        if cls is Event:
-            return type.__instancecheck__(_CEvent, obj)
-        return type.__instancecheck__(cls, obj)
-
-    def __subclasscheck__(cls, sub):
-        if cls is Event:
-            return type.__subclasscheck__(_CEvent, sub)
-        return type.__subclasscheck__(cls, sub)
-
-
-class Event(_CEvent, metaclass=_EventMeta):
+class Event(_CEvent, metaclass=Replacing):
     """torch.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False)."""
+
+    _stands_for = _CEvent  # events PyTorch creates in C++ (Stream.record_event) are torch.Events too
 
     def __new__(cls, device=None, *, enable_timing: bool = False, blocking: bool = False,
                 interprocess: bool = False):

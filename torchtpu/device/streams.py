@@ -15,28 +15,18 @@ import contextlib
 import torch
 
 from .events import TpuEvent as Event  # noqa: E402  (torch.tpu.Event, timing included)
+from .replacing import Replacing  # noqa: E402
 
 
 _CStream = torch.Stream  # PyTorch's own type, captured before install() replaces the name
 
 
-class _StreamMeta(type):
-    def __instancecheck__(cls, obj):
-        # streams PyTorch creates in C++ (torch.accelerator, the device guard) are torch.Streams too
-        if cls is AnyStream:
-            return type.__instancecheck__(_CStream, obj)
-        return type.__instancecheck__(cls, obj)
-
-    def __subclasscheck__(cls, sub):
-        if cls is AnyStream:
-            return type.__subclasscheck__(_CStream, sub)
-        return type.__subclasscheck__(cls, sub)
-
-
-class AnyStream(_CStream, metaclass=_StreamMeta):
+class AnyStream(_CStream, metaclass=Replacing):
     """torch.Stream: on "tpu" the methods below (PyTorch's C++ ones reach a device guard a
     Python backend cannot give a stream, so synchronize() returned at once, before a
     non-blocking copy had landed); every other device keeps PyTorch's."""
+
+    _stands_for = _CStream  # streams PyTorch creates in C++ (torch.accelerator, the device guard)
 
     def synchronize(self) -> None:
         """Wait for all work dispatched so far (the one stream is the whole device)."""

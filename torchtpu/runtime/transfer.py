@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import metrics
-from . import geometry, leaf, pending, storage
+from . import geometry, inflight, leaf, pending, storage
 from .jaxenv import _BITCAST_VIA, device, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
@@ -185,8 +185,6 @@ def _start_worker() -> None:
 def to_host_async(t: torch.Tensor, out: torch.Tensor) -> None:
     """Start copying tpu tensor `t` into the host tensor `out` (same shape; its dtype may
     differ); returns at once. `out` must not be read before a synchronization."""
-    from . import inflight
-
     if out.dtype == t.dtype:
         via = _BITCAST_VIA.get(out.dtype)
         dst = out.view(via[0]).numpy().view(via[1]) if via else out.numpy()
