@@ -133,6 +133,11 @@ OVERRIDES: dict[str, dict] = {
              "audio_config.patch_embeds_hidden_size": 32, "audio_config.hidden_size": 64,
              "audio_config.num_attention_heads": [2, 2]},
     # the encoders' rotary embedding is at least 32 wide: one head of 32
+    # one DPT reassemble / fusion stage per backbone feature map: its ModelTester's two stages
+    "chmv2": {"backbone_config.out_indices": [1, 2], "backbone_config.out_features": ["stage1", "stage2"],
+              "backbone_config.num_register_tokens": 0, "reassemble_factors": [4, 2],
+              "post_process_channels": [16, 16], "fusion_hidden_size": 16, "head_hidden_size": 16,
+              "number_output_channels": 4},
     "clvp": {"text_config.num_attention_heads": 1, "speech_config.num_attention_heads": 1},
     # RoPE parameters per layer type (a checkpoint names them; the default has none)
     "cohere_compass": {"text_config.rope_parameters": {
@@ -141,6 +146,8 @@ OVERRIDES: dict[str, dict] = {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     "d_fine": _D_FINE,
     "deimv2": _D_FINE,
+    # a dense then a sparse (MoE) decoder layer, as its ModelTester (the default leaves the list None)
+    "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
     # one neck stage per backbone feature map: two of the two tiny layers
     "depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                        "reassemble_hidden_size": 32},
@@ -238,12 +245,17 @@ OVERRIDES: dict[str, dict] = {
     "t5gemma2_encoder": {"text_config.dropout_rate": 0.0, "mm_tokens_per_image": 4},  # set by T5Gemma2Config only
     "tipsv2_dpt": {"backbone_config.num_hidden_layers": 4, "backbone_config.out_indices": [1, 2, 3, 4],
                    "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
+    # 64 px frames (image_size, not a TvpConfig field, sizes the dummy video): the ResNet's 1/32 map
+    # is 2x2, which its 2x2 max-pool needs; the visual prompt pads the borders; two frames (TVPModelTester)
+    "tvp": {"max_img_size": 64, "image_size": 64, "visual_prompt_size": 8, "num_frames": 2},
     "upernet": {"backbone_config.out_indices": [1, 2, 3, 4],
                 "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"], "auxiliary_channels": 16},
     # every backbone stage feeds the bridge; the reflect-padded 5x5 head needs 4x4 maps: a 64 px image
     "uvdoc": {"backbone_config.out_indices": [1, 2, 3, 4, 5, 6],
               "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
               "image_size": 64},
+    # the ViT pooler's width, derived from hidden_size by the default config, comes back full size (768)
+    "vision-text-dual-encoder": {"vision_config.pooler_output_size": 32},
     "vitmatte": {"backbone_config.patch_size": 16},  # the ConvStream's three stride-2 stages meet it at 1/16
     # derived in __post_init__ from hidden_size, but passed back from the default's to_dict(): recomputed
     # the MIT (frame-level) transformer in the projection width; prompt heads that divide it
@@ -263,6 +275,10 @@ OVERRIDES: dict[str, dict] = {
     "maskformer-swin": {"window_size": 2},
     # sizes that the config's validator ties to the (shrunk) hidden size
     "fun_asr_nano": {"adaptor_config.intermediate_size": 8},
+    # Window Q-Former projector (its heads: vision hidden // 64) feeding decoder layer 0 from vision
+    # layer 1; query windows half the key windows (Granite4VisionModelTester's values)
+    "granite4_vision": {"vision_config.hidden_size": 64, "downsample_rate": "1/2", "deepstack_layer_map": [[1, 0]],
+                        "projector_dropout": 0.0, "image_grid_pinpoints": [[32, 32]]},
     "granite_docling": {"vision_config.out_hidden_size": 32},
     "muse_spark": {"audio_config.out_hidden_size": 32},
     "nemotron3_diarization": {"head_config.audio_hidden_size": 32},
@@ -334,12 +350,18 @@ OVERRIDES: dict[str, dict] = {
     "moonshine_streaming": {"num_key_value_heads": 4},
     "step3p7": {"text_config.sliding_window": 4},
     "wav2vec2-bert": {"feature_projection_input_dim": 64},  # = the last dim of the dummy features
+    "mm-grounding-dino": {"num_queries": 10},  # as grounding-dino: 900 queries outnumber the anchors
     "mobilevitv2": {"image_size": 64},  # five stride-2 stages: 32 px leaves 1x1 before unfolding
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8},
     "csm": {"codec_config.upsample_groups": 32},
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},
     # types h..p (alphabetical), values from each type's ModelTester where it has one
+    # image / video tokens inside the tiny vocabulary (the checkpoint adds them), four Q-Former queries
+    "instructblip": {"image_token_index": 98, "num_query_tokens": 4},
+    "instructblipvideo": {"video_token_index": 98, "num_query_tokens": 4},
+    # the image's latent queries fill 4 of the 8 prompt tokens
+    "kosmos-2": {"latent_query_num": 4},
     "levit": {"patch_size": 16, "image_size": 64},  # the patch embedding is four stride-2 convolutions
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},  # None: a checkpoint sets it
     "lilt": {"hidden_size": 48},  # six box embeddings of hidden // 6 each are concatenated back to hidden
@@ -347,6 +369,9 @@ OVERRIDES: dict[str, dict] = {
     "mask2former": {**_SWIN_4_STAGES, "feature_size": 32, "mask_feature_size": 32, "encoder_feedforward_dim": 64,
                     "dim_feedforward": 64, "num_queries": 8},
     "maskformer": {**_SWIN_4_STAGES, "fpn_feature_size": 32, "mask_feature_size": 32, "decoder_config.num_queries": 8},
+    # the window-attention merger runs after layer insert_layer_id (6): after the first of the two
+    "minicpm_ocr_vision": {"insert_layer_id": 0},
+    "minicpmv4_7_vision": {"insert_layer_id": 0},
     "mistral4": {"qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "head_dim": 4},  # MLA: rotary dim = head_dim
     "moonshine": {"encoder_num_key_value_heads": 4, "decoder_num_key_value_heads": 4},  # <= the tiny head count
     # 0.25 of the full-attention head rotates: 4 dims, the multiple of 4 its two M-RoPE axes need
@@ -401,6 +426,18 @@ DECODER_CODEBOOK_ROWS = ("dia",)
 # Speech encoders whose input rows are several mel frames wide (delta-expanded and stacked
 # in pairs: 4 x num_mel_bins): type -> the factor.
 MEL_ROW_FACTOR = {"granite_speech5_ctc": 4, "granite_speech5_encoder": 4}
+
+# Inputs a forward passes on through **kwargs and needs (its composite model supplies them): type -> names
+# (hf_inputs._fill_required makes each).
+KWARG_INPUTS = {"voxtral_realtime_text": ("t_cond",)}
+
+# Types that run at another batch size than TINY["batch"], with the reason.
+BATCH = {
+    # TvpVisionInputEmbedding.add_2d_positional_embeddings views the (width, hidden) column embeddings
+    # as (batch, 1, width, hidden): upstream, only batch 1 runs (batch 2 raises RuntimeError: shape
+    # '[2, 1, 1, 32]' is invalid for input of size 32)
+    "tvp": 1,
+}
 
 # Keypoint matchers: pixel_values is a pair of images, (batch, 2, channels, height, width).
 IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")
@@ -498,10 +535,6 @@ SKIP: dict[str, str] = {
                         "model (ValueError: inputs_embeds and shared_kv_states cannot be None.)",
     "gemma4_unified_assistant": "upstream: a drafter: forward needs inputs_embeds and shared_kv_states from its "
                                 "target model (ValueError: inputs_embeds and shared_kv_states cannot be None.)",
-    # TvpVisionInputEmbedding.add_2d_positional_embeddings views the (width, hidden) column embeddings
-    # as (batch, 1, width, hidden): it runs at batch 1 only (tiny config max_img_size 64, a 64 px video)
-    "tvp": "upstream: TVP's 2-D position embeddings view (width, hidden) as (batch, 1, width, hidden): "
-           "only batch 1 runs (RuntimeError: shape '[2, 1, 1, 32]' is invalid for input of size 32)",
 }
 
 # The representative subset `make test` runs (tests/test_hf.py): type -> expected forward state

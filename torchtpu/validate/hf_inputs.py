@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from . import hf_configs as C
+from .hf_tiny import model_class
 
 
 def _get(cfg, *names, default=None):
@@ -43,12 +44,12 @@ def modality(model) -> str:
     return "other"
 
 
-def _class_modality(cls_name: str) -> str:
+def _class_modality(cls_name: str, model_type: str | None = None) -> str:
     """The modality from the class alone (before the model is built; refined by modality())."""
     try:
         import transformers
 
-        cls = getattr(transformers, cls_name)
+        cls = model_class(model_type, cls_name) if model_type else getattr(transformers, cls_name)
         name = getattr(cls, "main_input_name", "input_ids")
         cfg_cls = getattr(cls, "config_class", None)
     except Exception:  # e.g. a class that needs a missing optional library
@@ -75,7 +76,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         name = name[0] if name else "input_ids"
     if name not in params:  # sub-models that keep the default main_input_name: their first input
         name = next((n for n in C.MAIN_INPUTS if n in params), name)
-    b, s = t["batch"], t["seq"]
+    b, s = C.BATCH.get(getattr(cfg, "model_type", ""), t["batch"]), t["seq"]
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
 
@@ -87,7 +88,8 @@ def make_inputs(model, variant: str) -> list[dict]:
         d = {"input_ids": ids(s)}
         if "attention_mask" in params:
             mask = torch.ones(b, s, dtype=torch.long)
-            mask[1, -2:] = 0  # right padding in the second row
+            if b > 1:
+                mask[1, -2:] = 0  # right padding in the second row
             d["attention_mask"] = mask
         return d
 
@@ -119,19 +121,30 @@ def make_inputs(model, variant: str) -> list[dict]:
         grid = torch.tensor([[1, 2 * m, 2 * m]] * b)
         n = int(grid.prod(-1).sum())
         shape = (n, ch, ps, ps) if square else (n, ch * tps * ps * ps)
-        return {key: torch.randn(*shape, generator=g), grid_key: grid}
+        d = {key: torch.randn(*shape, generator=g), grid_key: grid}
+        if "merge_sizes" in params:  # per-image merge factor (VideoLLaMA3): the config's, every image
+            d["merge_sizes"] = torch.tensor([m] * b)
+        return d
 
     grid_key = next((k for k in ("grid_thw", "image_grid_thw") if k in params), None)
     cands: list[dict] = []
     if grid_key and name in ("hidden_states", "pixel_values"):
         cands.append(patches(name))
         cands.append(patches(name, square=True))
+        # one (ps * m, ps * m, channels) block of pixels per language-model token, the grid counted
+        # in those tokens (Inkling2): 2x2 tokens per image
+        vc = getattr(cfg, "vision_config", None) or cfg
+        ps, m = _get(vc, "patch_size", default=t["patch"]), _get(vc, "spatial_merge_size", default=2)
+        if isinstance(ps, int) and isinstance(m, int):
+            cands.append({name: torch.randn(4 * b, ps * m, ps * m, _get(vc, "num_channels", default=3), generator=g),
+                          grid_key: torch.tensor([[1, 2, 2]] * b)})
     if name == "input_ids":
         cands.append(text())
         if "pixel_values" in params:  # vision-language models whose forward needs an image
-            cands.append({**text(), **pixels()})
-            if _get(cfg, "num_frames") is not None:  # or a video (X-CLIP: batch, frames, channels, h, w)
-                cands.append({**text(), **pixels(video=True)})
+            # or several images / a video per prompt (X-CLIP, TVP, IDEFICS: batch, n, channels, h, w);
+            # video models first (TVP's broadcasting would take one image as a video of it)
+            image, video = {**text(), **pixels()}, {**text(), **pixels(video=True)}
+            cands += [video, image] if _get(cfg, "num_frames") is not None else [image, video]
         bins = next((getattr(sc, k) for sc in [cfg] + [getattr(cfg, n, None) for n in sorted(C.SUBCONFIG_KEYS)]
                      for k in ("num_mel_bins", "feature_size") if isinstance(getattr(sc, k, None), int)), None)
         if "input_features" in params and bins:
@@ -149,6 +162,15 @@ def make_inputs(model, variant: str) -> list[dict]:
             yx = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1)
             cands.append({name: torch.randn(b, side * side, 3 * ps * ps, generator=g),
                           "pixel_position_ids": yx.flip(-1).reshape(1, -1, 2).expand(b, -1, -1).contiguous()})
+        if "target_sizes" in params:
+            # NaViT packing (MiniCPM-V): every image's patches side by side in one row of patches,
+            # (1, channels, ps, patches * ps), with each image's (h, w) in patches: 4x4 per row
+            vc = getattr(cfg, "vision_config", None) or cfg
+            ps = _get(vc, "patch_size", default=t["patch"])
+            ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+            ch = _get(vc, "num_channels", default=3)
+            cands.append({name: torch.randn(1, ch, ps, 16 * b * ps, generator=g),
+                          "target_sizes": torch.tensor([[4, 4]] * b)})
         if "spatial_shapes" in params:  # NaFlex (SigLIP2): patchified pixels + mask + patch grid
             vc = getattr(cfg, "vision_config", None) or cfg
             ps = _get(vc, "patch_size", default=t["patch"])
@@ -164,6 +186,8 @@ def make_inputs(model, variant: str) -> list[dict]:
             cands.insert(0, {name: torch.stack([cands[-1][name]] * 2, 1)})
         if "input_ids" in params:
             cands += [{**pixels(name), **text()}]
+            # several images or frames per prompt (InstructBLIP-Video, IDEFICS): (batch, n, channels, h, w)
+            cands += [{**pixels(name, video=True), **text()}]
     elif name == "input_features":
         bins = _get(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
         bins *= getattr(cfg, "num_stacked_frames", None) or 1  # low-frame-rate encoders stack mel frames
@@ -224,15 +248,31 @@ def make_inputs(model, variant: str) -> list[dict]:
         if ncb > 1 and "input_ids" in c:
             c["input_ids"] = torch.cat([c["input_ids"]] * ncb, 1).reshape(b * ncb, -1)
         _fill_required(c, params, cfg, b, s, ids, g)
-    nq, tok = getattr(cfg, "num_query_tokens", None), getattr(cfg, "image_token_id", None)
+    nq = getattr(cfg, "num_query_tokens", None)
+    tok = getattr(cfg, "image_token_id", None)
+    tok = tok if isinstance(tok, int) else getattr(cfg, "video_token_id", None)
     if isinstance(nq, int) and isinstance(tok, int):
         # BLIP-2-style: the Q-Former's query outputs replace one image token each, so a prompt
-        # beside an image opens with exactly num_query_tokens of them
+        # beside an image opens with exactly num_query_tokens of them (per frame of a video)
         for c in cands:
             if "pixel_values" in c and "input_ids" in c:
-                c["input_ids"] = torch.cat([torch.full((b, nq), tok), c["input_ids"]], 1)
+                n = nq * (c["pixel_values"].shape[1] if c["pixel_values"].dim() == 5 else 1)
+                c["input_ids"] = torch.cat([torch.full((b, n), tok), c["input_ids"]], 1)
                 if "attention_mask" in c:
-                    c["attention_mask"] = torch.cat([torch.ones(b, nq, dtype=torch.long), c["attention_mask"]], 1)
+                    c["attention_mask"] = torch.cat([torch.ones(b, n, dtype=torch.long), c["attention_mask"]], 1)
+    for c in cands:
+        pv, ids_ = c.get("pixel_values"), c.get("input_ids")
+        if pv is None or ids_ is None:
+            continue
+        if "image_attention_mask" in params and pv.dim() == 5:
+            # IDEFICS: which of the row's images each text token attends to (all of them)
+            c["image_attention_mask"] = torch.ones(b, ids_.shape[1], pv.shape[1], dtype=torch.long)
+        lq = getattr(cfg, "latent_query_num", None)
+        if "image_embeds_position_mask" in params and isinstance(lq, int) and lq < ids_.shape[1]:
+            # Kosmos-2: the image's latent queries replace the tokens after <image> (the first)
+            mask = torch.zeros_like(ids_)
+            mask[:, 1:1 + lq] = 1
+            c["image_embeds_position_mask"] = mask
     if "qformer_input_ids" in params:  # InstructBLIP: the Q-Former's own text prompt
         q = ids(s)
         for c in cands:
@@ -277,7 +317,7 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     g = torch.Generator().manual_seed(4321)
     logits = getattr(out, "logits", None)
     ids = inputs.get("input_ids")
-    b = C.TINY["batch"]
+    b = C.BATCH.get(getattr(model.config, "model_type", ""), C.TINY["batch"])
     n_cls = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() >= 2 else \
         getattr(model.config, "num_labels", 2)
     if recipe == "ids" and ids is not None:
@@ -320,6 +360,7 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
     t = C.TINY
     required = [n for n, p in params.items() if (p.default is inspect.Parameter.empty or n in _LAYOUT)
                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in c]
+    required += [n for n in C.KWARG_INPUTS.get(getattr(cfg, "model_type", ""), ()) if n not in c]
     for n in required:
         if n == "bbox":  # (x0, y0, x1, y1) boxes in 0..1000, x0 <= x1 and y0 <= y1
             lo = torch.randint(0, 500, (b, s, 2), generator=g)
@@ -343,6 +384,8 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
         elif n == "query_embeds":
             c[n] = torch.randn(b, _get(cfg, "num_query_tokens", default=4),
                                _get(cfg, "hidden_size", default=t["hidden"]), generator=g)
+        elif n == "t_cond":  # Voxtral Realtime's decoder: the time embedding its composite model adds
+            c[n] = torch.randn(1, _get(cfg, "hidden_size", default=t["hidden"]), generator=g)
         elif n == "marks":  # decision heads (JEV): 1-based positions of each question's mark in row 0
             c[n] = torch.tensor([[s // 2, s]])
         elif n == "num_options":

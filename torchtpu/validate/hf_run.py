@@ -14,7 +14,7 @@ import torchtpu
 from . import hf_configs as C
 from .hf_compare import SEED, Result, _failing_op, _short, compare
 from .hf_inputs import _class_modality, _NoRecipe, labels_for, make_inputs, modality
-from .hf_tiny import tiny_config
+from .hf_tiny import model_class, tiny_config
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
 
@@ -54,14 +54,12 @@ def _merge(into: dict, fb: dict, prefix=""):
 
 
 def build(model_type: str, cls_name: str, attn: str | None = None, variant: str = "base"):
-    import transformers
-
     cfg = tiny_config(model_type)
     if variant == "seq-cls":  # the head pools at the last non-pad token: it needs a pad id for batch > 1
         for c in (cfg, getattr(cfg, "text_config", None)):
             if c is not None and getattr(c, "pad_token_id", 0) is None:
                 c.pad_token_id = 0  # dummy ids start at 3 (hf_inputs.make_inputs): never a pad
-    cls = getattr(transformers, cls_name)
+    cls = model_class(model_type, cls_name)
     want = getattr(cls, "config_class", None)
     if isinstance(want, type) and not isinstance(cfg, want):
         # a head registered for a composite config that takes its text sub-config (qwen3_5 causal-LM)
@@ -123,7 +121,7 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
         return
     # CPU reference: config, model, inputs, forward.
     res.failing_op = "cpu"
-    res.modality = _class_modality(res.cls)
+    res.modality = _class_modality(res.cls, res.model_type)
     try:
         fresh: list = []
         model, inputs, expected = reference(res.model_type, res.variant, res.cls, attn, pristine=fresh)

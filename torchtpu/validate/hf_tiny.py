@@ -34,6 +34,21 @@ def _class(mapping: dict, model_type: str) -> str | None:
     return name or None
 
 
+def model_class(model_type: str, cls_name: str):
+    """The class an auto mapping names. A few that a modeling module defines but leaves out of its
+    __all__ (upstream: AutoModel cannot find them either) are taken from that module itself."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        mod = model_type_to_module_name(model_type)
+        cls = getattr(importlib.import_module(f"transformers.models.{mod}.modeling_{mod}"), cls_name)
+    return cls
+
+
 def variants(model_type: str, which=("base", "head")) -> list[tuple[str, str]]:
     """[(variant, class name)]: "base" the base model, "head" the first head of HEAD_PRIORITY that
     exists, "heads" every distinct head class of the type (C.HEADS order)."""
