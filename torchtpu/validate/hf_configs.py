@@ -111,6 +111,33 @@ _D_FINE = {"backbone_config": _HGNET_V2, "encoder_hidden_dim": 32, "encoder_in_c
            "decoder_n_levels": 3, "decoder_layers": 2, "decoder_attention_heads": 2, "num_denoising": 0,
            "depth_mult": 0.34, "hidden_expansion": 0.5, "head_dim": 16}
 
+# PaddleOCR's text detectors (their ModelTesters' values): the neck's intra-class blocks (kernel,
+# stride, padding per convolution; None in the default config, a checkpoint sets them) ...
+_PP_INTRACLASS = {
+    "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
+    "vertical_long_to_small_conv_longratio": [[7, 1], [1, 1], [3, 0]],
+    "vertical_long_to_small_conv_midratio": [[5, 1], [1, 1], [2, 0]],
+    "vertical_long_to_small_conv_shortratio": [[3, 1], [1, 1], [1, 0]],
+    "horizontal_small_to_long_conv_longratio": [[1, 7], [1, 1], [0, 3]],
+    "horizontal_small_to_long_conv_midratio": [[1, 5], [1, 1], [0, 2]],
+    "horizontal_small_to_long_conv_shortratio": [[1, 3], [1, 1], [0, 1]],
+    "symmetric_conv_long_longratio": [[7, 7], [1, 1], [3, 3]],
+    "symmetric_conv_long_midratio": [[5, 5], [1, 1], [2, 2]],
+    "symmetric_conv_long_shortratio": [[3, 3], [1, 1], [1, 1]]}
+# ... and a 16-channel PP-LCNetV4 backbone with its four stages as feature maps (the default
+# returns only the last one, which the detectors' necks do not expect).
+_PP_LCNET_V4 = {"model_type": "pp_lcnet_v4", "out_features": ["stage1", "stage2", "stage3", "stage4"],
+                "out_indices": [1, 2, 3, 4], "stem_channels": [3, 16, 16], "stem_type": "large",
+                "block_configs": [[[3, 16, 16, 1, False]], [[3, 16, 16, 2, False], [3, 16, 16, 1, False]],
+                                  [[3, 16, 16, 2, False], [3, 16, 16, 1, False]],
+                                  [[3, 16, 16, 2, False]] + [[5, 16, 16, 1, False]] * 4]}
+# PP-DocLayout: the D-FINE-style detector over the tiny HGNetV2 above (10 queries); V2 sorts the
+# detections by per-class score thresholds and maps classes to reading-order categories, one each
+# for the default two labels (a checkpoint sets both)
+_PP_DOCLAYOUT = {"backbone_config": _HGNET_V2, "encoder_hidden_dim": 32, "encoder_in_channels": [128, 256, 512],
+                 "encoder_ffn_dim": 64, "d_model": 32, "num_queries": 10, "decoder_in_channels": [32, 32, 32],
+                 "decoder_ffn_dim": 64, "num_denoising": 0}
+
 # Per-type overrides, applied after the generic rules (dotted keys reach into sub-configs).
 OVERRIDES: dict[str, dict] = {
     # EfficientNet stages chain in_channels[i + 1] = out_channels[i]: the ModelTester's three stages
@@ -395,6 +422,26 @@ OVERRIDES: dict[str, dict] = {
     "pp_ocrv5_server_rec": {"image_size": [48, 320]},
     "pp_ocrv6_small_rec": {"image_size": [48, 320]},
     "pp_ocrv6_tiny_rec": {"image_size": [48, 320]},
+    "pp_doclayout_v2": {**_PP_DOCLAYOUT, "class_thresholds": [0.5, 0.5], "class_order": [0, 1]},
+    # V3 reads the stride-4 map too (its mask branch): four backbone maps, x4_feat_dim its width
+    "pp_doclayout_v3": {**_PP_DOCLAYOUT, "x4_feat_dim": 64,
+                        "backbone_config": {**_HGNET_V2, "out_features": ["stage1", "stage2", "stage3", "stage4"]},
+                        "mask_feature_channels": [16, 16], "num_prototypes": 8},
+    "pp_doclayout_v4": _PP_DOCLAYOUT,
+    "pp_ocrv5_server_det": {"backbone_config": {
+        "model_type": "hgnet_v2", "out_features": ["stage1", "stage2", "stage3", "stage4"], "out_indices": [1, 2, 3, 4],
+        "depths": [1, 1, 1, 1], "hidden_sizes": [16, 32, 64, 128], "stage_in_channels": [16, 16, 32, 64],
+        "stage_mid_channels": [16, 16, 32, 64], "stage_out_channels": [16, 32, 64, 128],
+        "stage_num_blocks": [1, 1, 1, 1],
+        "stage_downsample": [False, True, True, True], "stage_light_block": [False, False, True, True],
+        "stage_kernel_size": [3, 3, 5, 5], "stage_numb_of_layers": [1, 1, 1, 1], "stem_channels": [3, 8, 16],
+        "embedding_size": 16}, "neck_out_channels": 32, "intraclass_block_config": _PP_INTRACLASS,
+        "scale_factor_list": [1, 2, 4, 8], "kernel_list": [3, 2, 2], "image_size": 64},
+    "pp_ocrv6_medium_det": {"backbone_config": _PP_LCNET_V4, "neck_out_channels": 16,
+                            "intraclass_block_config": _PP_INTRACLASS, "scale_factor_list": [1, 2, 4, 8],
+                            "kernel_list": [3, 2, 2], "image_size": 64},
+    "pp_ocrv6_small_det": {"backbone_config": _PP_LCNET_V4, "layer_list_out_channels": [16, 16, 16, 16],
+                           "neck_out_channels": 16, "image_size": 64},
     "pix2struct": {"text_config.d_kv": 8, "vision_config.d_kv": 8},  # attention reshapes to hidden // heads
     "prompt_depth_anything": {"backbone_config.out_indices": [1, 2], "neck_hidden_sizes": [16, 32],
                               "reassemble_hidden_size": 32},  # as depth_anything
@@ -408,8 +455,8 @@ INIT_KWARGS: dict[str, dict] = {
 # Models whose default config is already small (their ModelTesters use it as it is) and whose stage
 # lists, block tables and channel counts are tied in ways no shrinking rule keeps: no generic rule
 # applies, OVERRIDES still do (PaddleOCR's detectors and recognizers).
-KEEP_DEFAULT = ("pp_ocrv5_mobile_det", "pp_ocrv5_mobile_rec", "pp_ocrv5_server_rec", "pp_ocrv6_small_rec",
-                "pp_ocrv6_tiny_rec")
+KEEP_DEFAULT = ("pp_ocrv5_mobile_det", "pp_ocrv5_mobile_rec", "pp_ocrv5_server_det", "pp_ocrv5_server_rec",
+                "pp_ocrv6_medium_det", "pp_ocrv6_small_det", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")
 
 # Convolutional backbones whose per-stage lists are tied to each other in ways the list rules do
 # not keep (channel counts derived from several lists): their default stage lists stay as they are
