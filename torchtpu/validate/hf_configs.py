@@ -324,6 +324,10 @@ OVERRIDES: dict[str, dict] = {
     "informer": {"prediction_length": 4, "context_length": 8},
     "autoformer": {"prediction_length": 4, "context_length": 8, "label_length": 4},  # label window inside the context
     "time_series_transformer": {"prediction_length": 4, "context_length": 8},
+    # the conformer's counts have no generic key; Gemma3nAudioModelTester's sizes
+    "gemma3n_audio": {"input_feat_size": 32, "conf_num_attention_heads": 4, "conf_num_hidden_layers": 2,
+                      "sscp_conv_channel_size": [16, 8], "conf_conv_kernel_size": 3, "conf_attention_chunk_size": 4,
+                      "conf_attention_context_left": 5},
     "gemma3n_text": {"num_kv_shared_layers": 0},  # the default shares the KV of 15 of 35 layers
     "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
     "wavtokenizer_encoder": {"codebook_dim": 32},

@@ -37,7 +37,7 @@ def modality(model) -> str:
         return "text"
     if name in ("pixel_values", "pixel_values_videos", "images"):
         return "vision"
-    if name in ("input_features", "input_values", "audio_values", "spectrogram"):
+    if name in ("input_features", "input_values", "audio_values", "spectrogram", "audio_mel"):
         return "audio"
     if name in ("past_values",):
         return "time-series"
@@ -61,7 +61,7 @@ def _class_modality(cls_name: str, model_type: str | None = None) -> str:
         return "multimodal"
     return {"input_ids": "text", "pixel_values": "vision", "pixel_values_videos": "vision",
             "images": "vision", "input_features": "audio", "input_values": "audio",
-            "audio_values": "audio", "past_values": "time-series"}.get(name, "other")
+            "audio_values": "audio", "audio_mel": "audio", "past_values": "time-series"}.get(name, "other")
 
 
 def make_inputs(model, variant: str) -> list[dict]:
@@ -233,6 +233,10 @@ def make_inputs(model, variant: str) -> list[dict]:
         rc = torch.stack(torch.meshgrid(torch.arange(1, 5), torch.arange(1, 5), indexing="ij"), -1).reshape(16, 2)
         x = torch.cat([rc[None].expand(b, -1, -1).float(), torch.randn(b, 16, d, generator=g)], -1)
         cands.append({name: x, **({"attention_mask": torch.ones(b, 16, dtype=torch.long)} if "attention_mask" in params else {})})
+    elif name == "audio_mel":  # Gemma 3n's audio encoder: (batch, frames, mel bins), its mask True at padding
+        x = torch.randn(b, t["audio_frames"], _get(cfg, "input_feat_size", default=16), generator=g)
+        cands.append({name: x, **({"audio_mel_mask": torch.zeros(b, x.shape[1], dtype=torch.bool)}
+                                  if "audio_mel_mask" in params else {})})
     else:
         raise _NoRecipe(f"no dummy-input recipe for main input {name!r}")
     if "noise" in params and name == "pixel_values":  # random patch masking (ViT-MAE): the same noise both sides
