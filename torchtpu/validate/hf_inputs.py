@@ -207,6 +207,9 @@ def make_inputs(model, variant: str) -> list[dict]:
             cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
         # x-vector heads run a TDNN whose dilated kernels need ~20 frames: 4x the samples
         n = t["audio_samples"] * (4 if variant == "audio-xvector" else 1)
+        spt = getattr(cfg, "samples_per_token", None)
+        if isinstance(spt, int) and spt > 0:  # encoders that take whole tokens' worth of samples (Muse Spark)
+            n = -(-n // spt) * spt
         x = torch.randn(b, n, generator=g)
         cands += [{name: x}, {name: x[:, None]}]
         # strided codec encoders (downsampling 10x+ before a wide kernel) need more samples
