@@ -337,7 +337,7 @@ OVERRIDES: dict[str, dict] = {
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
     "mimi_decoder": {"upsample_groups": 32},
-    "kyutai_speech_to_text": {"codec_config.upsample_groups": 32},
+    "kyutai_speech_to_text": {"codec_config.upsample_groups": 32, "num_codebooks": 8},  # its ModelTester's 8
     # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
     # the audio codes live at the top of the text vocabulary: keep it that large
     "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
@@ -409,10 +409,15 @@ OVERRIDES: dict[str, dict] = {
     "neomme": {"head_dim": 16},
     # Mamba2 groups divide the (tiny) head count; state and shared-expert widths have no generic key
     "nemotron_h": {"n_groups": 2, "ssm_state_size": 16, "moe_shared_expert_intermediate_size": 64},
+    # the quantizer reads acoustic + semantic hidden states concatenated (as xcodec2): 32 + 32
+    "neucodec": {"quantization_dim": 64},
     # task prompts of task_seq_len tokens through a CLIP-style text encoder
     "oneformer": {**_SWIN_4_STAGES, "conv_dim": 32, "mask_dim": 32, "encoder_feedforward_dim": 64,
                   "dim_feedforward": 64, "num_queries": 8, "task_seq_len": 8, "text_encoder_width": 32,
                   "text_encoder_context_length": 8, "text_encoder_vocab_size": 99},
+    # its DAC encoder downsamples 1920x (the last stride-12 kernel needs 24 frames of 160): PeAudioEncoderTester's
+    # three strides, 32x
+    "pe_audio": {"audio_config.dac_config.downsampling_ratios": [2, 4, 4], "audio_config.dac_config.codebook_dim": 32},
     # text-line recognizers read 48-px-high lines (the image_size the dummy pixels take); the mobile one's
     # backbone strides (2, 1) / (1, 2) as PPOCRV5MobileRecModelTester's, the default strides 2 twice more
     "pp_ocrv5_mobile_det": {"image_size": 64},
@@ -469,6 +474,10 @@ KEEP_LISTS = ("hgnet_v2", "textnet")
 
 # Decoders over several parallel codebooks: input_ids is (batch * num_codebooks, seq).
 CODEBOOK_ROWS = ("musicgen", "musicgen_melody", "musicgen_decoder", "musicgen_melody_decoder")
+
+# Decoders whose input_ids carry a text token and one audio code per codebook at each step:
+# (batch, seq, 1 + num_codebooks); their labels are the text column.
+CODEBOOK_COLUMNS = ("kyutai_speech_to_text",)
 
 # Encoder-decoders whose decoder reads several parallel codebooks: decoder_input_ids is
 # (batch, seq, channels), their labels (batch * channels, seq).

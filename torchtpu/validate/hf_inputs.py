@@ -251,9 +251,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
     ncb = _get(cfg, "num_codebooks", default=1) if getattr(cfg, "model_type", "") in C.CODEBOOK_ROWS else 1
+    cols = _get(cfg, "num_codebooks", default=0) if getattr(cfg, "model_type", "") in C.CODEBOOK_COLUMNS else 0
     for c in cands:
         if ncb > 1 and "input_ids" in c:
             c["input_ids"] = torch.cat([c["input_ids"]] * ncb, 1).reshape(b * ncb, -1)
+        if cols and "input_ids" in c:  # the text token, then one code per codebook (ids below both vocabularies)
+            c["input_ids"] = torch.stack([c["input_ids"]] + [ids(c["input_ids"].shape[1]) for _ in range(cols)], -1)
         _fill_required(c, params, cfg, b, s, ids, g)
     nq = getattr(cfg, "num_query_tokens", None)
     tok = getattr(cfg, "image_token_id", None)
@@ -327,6 +330,8 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     b = C.BATCH.get(getattr(model.config, "model_type", ""), C.TINY["batch"])
     n_cls = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() >= 2 else \
         getattr(model.config, "num_labels", 2)
+    if ids is not None and ids.dim() == 3 and getattr(model.config, "model_type", "") in C.CODEBOOK_COLUMNS:
+        ids = ids[..., 0]  # text token + audio codes per step: the loss is over the text column
     if recipe == "ids" and ids is not None:
         return {"labels": ids}
     if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
