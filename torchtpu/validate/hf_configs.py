@@ -281,6 +281,9 @@ OVERRIDES: dict[str, dict] = {
     "uvdoc": {"backbone_config.out_indices": [1, 2, 3, 4, 5, 6],
               "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
               "image_size": 64},
+    # two stages, not six: each doubles the channels (to 2048 by default) and multiplies the stride (3200x)
+    "vibevoice_acoustic_tokenizer_decoder": {"downsampling_ratios": [2, 4], "depths": [1, 1, 1]},
+    "vibevoice_acoustic_tokenizer_encoder": {"downsampling_ratios": [2, 4], "depths": [1, 1, 1]},
     # the ViT pooler's width, derived from hidden_size by the default config, comes back full size (768)
     "vision-text-dual-encoder": {"vision_config.pooler_output_size": 32},
     "vitmatte": {"backbone_config.patch_size": 16},  # the ConvStream's three stride-2 stages meet it at 1/16
@@ -505,6 +508,11 @@ IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")
 # The main input of a model whose forward lacks its class's main_input_name (vision / audio
 # sub-models that keep the default "input_ids"): the first of these its forward takes.
 MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "input_values", "query_embeds")
+
+# Forwards whose main argument has a generic name: type -> (the argument, the recipe that builds
+# it). VibeVoice's codec halves take a waveform / latent frames as `hidden_states`.
+MAIN_INPUT_AS = {"vibevoice_acoustic_tokenizer_encoder": ("hidden_states", "input_values"),
+                 "vibevoice_acoustic_tokenizer_decoder": ("hidden_states", "latents")}
 
 # Model types (prefixes) whose rotary embedding splits frequencies into (t, h, w) sections
 # (rope_parameters["mrope_section"], defaulted in the modeling code to a full-size list): the tiny

@@ -76,6 +76,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         name = name[0] if name else "input_ids"
     if name not in params:  # sub-models that keep the default main_input_name: their first input
         name = next((n for n in C.MAIN_INPUTS if n in params), name)
+    arg, name = C.MAIN_INPUT_AS.get(getattr(cfg, "model_type", ""), (name, name))
     b, s = C.BATCH.get(getattr(cfg, "model_type", ""), t["batch"]), t["seq"]
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
@@ -242,6 +243,8 @@ def make_inputs(model, variant: str) -> list[dict]:
                                   if "audio_mel_mask" in params else {})})
     else:
         raise _NoRecipe(f"no dummy-input recipe for main input {name!r}")
+    if arg != name:  # a forward that takes another input's tensor under a generic name
+        cands = [{(arg if k == name else k): v for k, v in c.items()} for c in cands]
     if "noise" in params and name == "pixel_values":  # random patch masking (ViT-MAE): the same noise both sides
         vc = getattr(cfg, "vision_config", None) or cfg
         size = _get(vc, "image_size", default=t["image"])
