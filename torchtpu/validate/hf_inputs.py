@@ -237,6 +237,34 @@ def make_inputs(model, variant: str) -> list[dict]:
         rc = torch.stack(torch.meshgrid(torch.arange(1, 5), torch.arange(1, 5), indexing="ij"), -1).reshape(16, 2)
         x = torch.cat([rc[None].expand(b, -1, -1).float(), torch.randn(b, 16, d, generator=g)], -1)
         cands.append({name: x, **({"attention_mask": torch.ones(b, 16, dtype=torch.long)} if "attention_mask" in params else {})})
+    elif name == "states":  # Decision Transformer: a trajectory of states, actions, rewards, returns, steps
+        sd, ad = _get(cfg, "state_dim", default=4), _get(cfg, "act_dim", default=2)
+        start = torch.randint(0, max(1, _get(cfg, "max_ep_len", default=s) - s), (b, 1), generator=g)
+        c = {name: torch.randn(b, s, sd, generator=g), "actions": torch.randn(b, s, ad, generator=g),
+             "rewards": torch.randn(b, s, 1, generator=g), "returns_to_go": torch.randn(b, s, 1, generator=g),
+             "timesteps": start + torch.arange(s)}  # consecutive steps of one episode, inside max_ep_len
+        if "attention_mask" in params:
+            c["attention_mask"] = torch.ones(b, s, dtype=torch.long)
+        cands.append(c)
+    elif name == "state":  # PI0: robot state, the action chunk's noise and its denoising time, beside an
+        # image prompt (one camera, its image tokens first) for the VLM prefix; noise and time given,
+        # else the forward draws them on the model's device
+        vlm = getattr(cfg, "vlm_config", None) or cfg
+        vc = vlm.vision_config
+        n_img = (vc.image_size // vc.patch_size) ** 2
+        prompt = torch.cat([torch.full((b, n_img), vlm.image_token_id), ids(s)], 1)
+        cands.append({name: torch.randn(b, cfg.max_state_dim, generator=g),
+                      "noise": torch.randn(b, cfg.chunk_size, cfg.max_action_dim, generator=g),
+                      "timestep": torch.rand(b, generator=g), "input_ids": prompt,
+                      "attention_mask": torch.ones_like(prompt),
+                      "pixel_values": torch.randn(b, 1, vc.num_channels, vc.image_size, vc.image_size, generator=g),
+                      "pixel_attention_mask": torch.ones(b, 1, dtype=torch.bool)})
+    elif name == "noise_embeds":  # block-diffusion drafters (DFlash): a block of embeddings to denoise beside
+        # the target model's hidden states from its target_layer_ids, concatenated, for s accepted tokens
+        hidden = _get(cfg, "hidden_size", default=t["hidden"])
+        n_layers = len(getattr(cfg, "target_layer_ids", None) or [0])
+        cands.append({name: torch.randn(b, _get(cfg, "block_size", default=s), hidden, generator=g),
+                      "context_hidden_states": torch.randn(b, s, hidden * n_layers, generator=g)})
     elif name == "audio_mel":  # Gemma 3n's audio encoder: (batch, frames, mel bins), its mask True at padding
         x = torch.randn(b, t["audio_frames"], _get(cfg, "input_feat_size", default=16), generator=g)
         cands.append({name: x, **({"audio_mel_mask": torch.zeros(b, x.shape[1], dtype=torch.bool)}
