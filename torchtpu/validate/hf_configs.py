@@ -510,8 +510,10 @@ IMAGE_PAIRS = ("efficientloftr", "lightglue", "superglue")
 MAIN_INPUTS = ("input_ids", "pixel_values", "hidden_states", "input_features", "input_values", "query_embeds")
 
 # Forwards whose main argument has a generic name: type -> (the argument, the recipe that builds
-# it). VibeVoice's codec halves take a waveform / latent frames as `hidden_states`.
-MAIN_INPUT_AS = {"vibevoice_acoustic_tokenizer_encoder": ("hidden_states", "input_values"),
+# it). VibeVoice's codec halves take a waveform / latent frames as `hidden_states`; the speech
+# encoder-decoder's main input `inputs` is its (wav2vec2) encoder's waveform.
+MAIN_INPUT_AS = {"speech-encoder-decoder": ("input_values", "input_values"),
+                 "vibevoice_acoustic_tokenizer_encoder": ("hidden_states", "input_values"),
                  "vibevoice_acoustic_tokenizer_decoder": ("hidden_states", "latents")}
 
 # Model types (prefixes) whose rotary embedding splits frequencies into (t, h, w) sections
