@@ -3,10 +3,12 @@
     python -m torchtpu.bench autoload [--rounds N]
 
 Each round starts fresh interpreters, in alternating order: `import torch` with
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 (the baseline), `import torch` with autoload (torchtpu
-and JAX load at the end of torch's import), and autoload plus the first tpu op
-(`torch.randn(2, device="tpu")`, which also starts the PJRT client). Medians of the
-wall times; then the largest imports below torchtpu from one `python -X importtime` run.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 (the baseline), `import torch` with autoload (which names
+the device and imports no JAX: torchtpu/device/lazy.py), and autoload plus the first tpu
+op (`torch.randn(2, device="tpu")`: torchtpu and JAX load there, and the PJRT client
+starts), and `import torch, torchtpu` with autoload off (what autoload cost while it
+imported torchtpu with torch). Medians of the wall times; then the largest imports below torchtpu that the
+first tpu op brings, from one `python -X importtime` run.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ CASES = [
     ("import torch (autoload off)", "import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
     ("import torch (autoload)", "import torch", {}),
     ("import torch + first tpu op", "import torch; torch.randn(2, device='tpu').cpu()", {}),
+    # what autoload cost when it imported torchtpu (and JAX) with torch, before device/lazy.py
+    ("import torch, torchtpu", "import torch, torchtpu", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
 ]
 
 
@@ -32,7 +36,7 @@ def _run(code: str, env: dict) -> float:
 
 
 def _top_imports(n: int = 8) -> list[tuple[str, float]]:
-    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch"], capture_output=True,
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", CASES[2][1]], capture_output=True,
                        text=True, env=dict(os.environ))
     rows = []
     for line in r.stderr.splitlines():
@@ -61,7 +65,7 @@ def main(argv=None) -> int:
     for name, _, _ in CASES:
         med = statistics.median(times[name])
         print(f"{name:<32} {med:>9.2f} {med / base:>11.2f}x")
-    print("\nlargest imports under autoload (python -X importtime, cumulative):")
+    print("\nlargest imports at the first tpu op (python -X importtime, cumulative):")
     for name, s in _top_imports():
         print(f"  {name:<34} {s:>6.2f} s")
     return 0

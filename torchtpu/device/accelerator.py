@@ -41,20 +41,25 @@ def _route(namespaces, name: str, ours) -> None:
             setattr(ns, name, routed)
 
 
+def _tpu(name: str):
+    """torch.tpu.<name>, looked up at the call: under autoload torch.tpu loads torchtpu on
+    first use (device/lazy.py), and this is installed before then."""
+    return lambda: getattr(torch.tpu, name)()
+
+
 def install() -> None:
     import torch.accelerator as acc
     import torch.accelerator.memory as accmem
 
-    tpu = torch.tpu
     both = (acc, accmem)
-    _route((acc,), "synchronize", tpu.synchronize)
+    _route((acc,), "synchronize", _tpu("synchronize"))
     _route((acc,), "get_device_capability", lambda: {
         "supported_dtypes": {torch.float32, torch.float64, torch.float16, torch.bfloat16,
                              torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
                              torch.bool, torch.complex64}})
-    _route((acc,), "current_stream", tpu.current_stream)
-    _route(both, "memory_stats", tpu.memory_stats)
-    _route(both, "reset_peak_memory_stats", tpu.reset_peak_memory_stats)
+    _route((acc,), "current_stream", _tpu("current_stream"))
+    _route(both, "memory_stats", _tpu("memory_stats"))
+    _route(both, "reset_peak_memory_stats", _tpu("reset_peak_memory_stats"))
     _route(both, "reset_accumulated_memory_stats", lambda: None)
-    _route(both, "empty_cache", tpu.empty_cache)
-    _route(both, "get_memory_info", tpu.mem_get_info)
+    _route(both, "empty_cache", _tpu("empty_cache"))
+    _route(both, "get_memory_info", _tpu("mem_get_info"))

@@ -1,10 +1,9 @@
-"""`import torch` loads torchtpu: the entry point of PyTorch's `torch.backends` group.
+"""The autoload entry point of installs made before autoload became lazy: `import torchtpu`.
 
-PyTorch calls every `torch.backends` entry point at the end of `import torch`
-(torch/__init__.py `_import_device_backends`), unless the environment sets
-TORCH_DEVICE_BACKEND_AUTOLOAD=0. At that moment `torch` is in sys.modules and
-fully defined except for what its __init__ runs after the hook (log settings,
-torch._native), so importing torchtpu then is safe: nothing of ours reads those.
+pyproject.toml now names `torchtpu_autoload:load` (outside the package, so that `import
+torch` does not import JAX: torchtpu/device/lazy.py). An environment installed earlier
+still names this one until it is reinstalled (`make venv`), and it keeps working: it
+loads everything at once, as `import torchtpu` does.
 """
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from .replacing import Replacing  # noqa: E402
+from .replacing import Replacing, original  # noqa: E402
 
-_CEvent = torch.Event  # PyTorch's own type, captured before install() replaces the name
+_CEvent = original(torch.Event)  # PyTorch's own type, captured before install() replaces the name
 
 
 class _Waiter:

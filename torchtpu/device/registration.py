@@ -1,29 +1,10 @@
-"""The one place that touches PyTorch's experimental Python-backend registration."""
+"""`import torchtpu` binds the device into torch: the name (device/lazy.py, shared with
+autoload), the real torch.tpu, and every wrapper PyTorch needs for a Python backend."""
 from __future__ import annotations
 
-import sys
-
-import torch
-
-from . import module
+from . import lazy, module
 
 _done = False
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def register() -> None:
@@ -31,12 +12,8 @@ def register() -> None:
     global _done
     if _done:
         return
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-    _setup_privateuseone_for_python_backend(
-        "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard()
-    )
-    sys.modules.setdefault("torch.tpu", module)
+    lazy.name_device(module)  # done already where autoload bound the device (torch.tpu was lazy)
+    lazy.retire(module)  # autoload's lazy kernels and wrappers go; torch.tpu is `module`
     from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, streams,
                    tied, type_names)
 

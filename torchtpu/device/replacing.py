@@ -15,3 +15,9 @@ class Replacing(type):
 
     def __subclasscheck__(cls, sub):
         return type.__subclasscheck__(cls.__dict__.get("_stands_for", cls), sub)
+
+
+def original(t: type) -> type:
+    """PyTorch's own type behind torch.<name> `t`, which may already be a stand-in (autoload
+    puts one in place of torch.Event/torch.Stream until torchtpu loads: device/lazy.py)."""
+    return t.__dict__.get("_stands_for", t)

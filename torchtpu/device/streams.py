@@ -15,10 +15,10 @@ import contextlib
 import torch
 
 from .events import TpuEvent as Event  # noqa: E402  (torch.tpu.Event, timing included)
-from .replacing import Replacing  # noqa: E402
+from .replacing import Replacing, original  # noqa: E402
 
 
-_CStream = torch.Stream  # PyTorch's own type, captured before install() replaces the name
+_CStream = original(torch.Stream)  # PyTorch's own type, captured before install() replaces the name
 
 
 class AnyStream(_CStream, metaclass=Replacing):
