@@ -3,12 +3,12 @@
     python -m torchtpu.bench autoload [--rounds N]
 
 Each round starts fresh interpreters, in alternating order: `import torch` with
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 (the baseline), `import torch` with autoload (which names
-the device and imports no JAX: torchtpu/device/lazy.py), and autoload plus the first tpu
-op (`torch.randn(2, device="tpu")`: torchtpu and JAX load there, and the PJRT client
-starts), and `import torch, torchtpu` with autoload off (what autoload cost while it
-imported torchtpu with torch). Medians of the wall times; then the largest imports below torchtpu that the
-first tpu op brings, from one `python -X importtime` run.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 (the baseline); `import torch` with autoload (which names
+the device and imports no JAX: torchtpu/device/lazy.py); autoload plus the first tpu op
+(`torch.randn(2, device="tpu")`: torchtpu and JAX load there, and the PJRT client
+starts); and `import torch, torchtpu` with autoload off (what autoload cost while it
+imported torchtpu with torch). Medians of the wall times; then the largest imports below
+torchtpu that the first tpu op brings, from one `python -X importtime` run.
 """
 from __future__ import annotations
 
