@@ -8,7 +8,8 @@ the device and imports no JAX: torchtpu/device/lazy.py); autoload plus the first
 (`torch.randn(2, device="tpu")`: torchtpu and JAX load there, and the PJRT client
 starts); and `import torch, torchtpu` with autoload off (what autoload cost while it
 imported torchtpu with torch). Medians of the wall times; then the largest imports below
-torchtpu that the first tpu op brings, from one `python -X importtime` run.
+torchtpu that the first tpu op brings, from one `python -X importtime` run, and autoload's own
+time measured inside an interpreter.
 """
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ def _run(code: str, env: dict) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], env=e, check=True, capture_output=True)
     return time.perf_counter() - t0
+
+
+# autoload's own work, timed inside one interpreter (the wall times above vary by more than it)
+_BIND = ("import time, torch; t = time.perf_counter(); import torchtpu_autoload; torchtpu_autoload.load(); "
+         "print(time.perf_counter() - t)")
+
+
+def _bind_time() -> float:
+    r = subprocess.run([sys.executable, "-c", _BIND], capture_output=True, text=True, check=True,
+                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+    return float(r.stdout.split()[-1])
 
 
 def _top_imports(n: int = 8) -> list[tuple[str, float]]:
@@ -65,6 +77,8 @@ def main(argv=None) -> int:
     for name, _, _ in CASES:
         med = statistics.median(times[name])
         print(f"{name:<32} {med:>9.2f} {med / base:>11.2f}x")
+    bind = statistics.median(_bind_time() for _ in range(args.rounds))
+    print(f"\nautoload's own time in `import torch` (in-process, median): {bind * 1000:.0f} ms")
     print("\nlargest imports at the first tpu op (python -X importtime, cumulative):")
     for name, s in _top_imports():
         print(f"  {name:<34} {s:>6.2f} s")
