@@ -162,10 +162,16 @@ def _attention_decode(dev, steps):
 
 
 @pytest.mark.slow
-def test_decode_region_at_a_new_bucket_compiles_fast():
+@pytest.mark.parametrize("tier_up", [0.0, float("inf")])
+def test_decode_region_at_a_new_bucket_compiles_fast(monkeypatch, tier_up):
     """A decode step's region at a new bucket of the cache is the same ops and wiring as at
-    the last one: it compiles without XLA's optimizations (deferred._reshaped), not again
-    for seconds, and optimized once it keeps running; values still equal CPU's."""
+    the last one: it compiles without XLA's optimizations (deferred._reshaped), and compiled
+    again optimized only once its runs took TIER_UP x that fast compile (0: at its 3rd run;
+    inf: never); values equal CPU's either way."""
+    from torchtpu.eager import deferred
+
+    monkeypatch.setattr(deferred, "TIER_UP", tier_up)
+    torchtpu.clear_caches()  # (the other parametrization compiled these regions)
     ref = _attention_decode("cpu", 40)
     before = torchtpu.metrics()
     with torchtpu.eager_mode("defer_and_fuse"):
@@ -173,8 +179,49 @@ def test_decode_region_at_a_new_bucket_compiles_fast():
     torch.testing.assert_close(got, ref)
     after = torchtpu.metrics()
     assert after.get("fast_region_compiles", 0) > before.get("fast_region_compiles", 0)
-    # the steady step of a bucket keeps running: compiled optimized after 8 runs
-    assert after.get("regions_reoptimized", 0) > before.get("regions_reoptimized", 0)
+    reoptimized = after.get("regions_reoptimized", 0) - before.get("regions_reoptimized", 0)
+    assert (reoptimized > 0) if tier_up == 0 else (reoptimized == 0)
+
+
+def _decode_with_ids(dev, steps):
+    """A decode loop as generate runs it: a K/V cache growing by cat behind 2 heads inside
+    the step, then the token ids and a mask growing one position ahead of it, one host read
+    per step. Returns the ids and, on tpu, the compiles counted after each step."""
+    g = torch.Generator().manual_seed(5)
+    emb = torch.randn(32, 8, generator=g).to(dev)
+    wq, wk, wv = (torch.randn(8, 8, generator=g).div(3).to(dev) for _ in range(3))
+    wout = torch.randn(8, 32, generator=g).to(dev)
+    k, v = (torch.randn(1, 2, 4, 4, generator=g).to(dev) for _ in range(2))
+    ids = torch.tensor([[1, 7, 3, 9, 2]], device=dev)
+    mask = torch.ones(1, 5, dtype=torch.long, device=dev)
+    counts = []
+    for _ in range(steps):
+        x = emb[ids[:, -1]].view(1, 1, 8)
+        q, kn, vn = ((x @ w).view(1, 1, 2, 4).transpose(1, 2) for w in (wq, wk, wv))
+        k, v = torch.cat([k, kn], 2), torch.cat([v, vn], 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        nxt = (o.transpose(1, 2).reshape(1, 8) @ wout + mask.sum() * 0).argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], 1)
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        ids[0, -1].item()  # a host read per step (generate's stopping check)
+        if dev == "tpu":
+            counts.append(torchtpu.metrics()["compiles"])
+    return ids.cpu(), counts
+
+
+@pytest.mark.slow
+def test_growing_tensors_of_a_step_cross_a_bucket_edge_together():
+    """The cache (one behind the ids) and the ids and mask move to the next bucket together
+    between two steps' regions, so each later bucket edge compiles one new region (its
+    steady step), not one per tensor crossing on its own; tokens equal CPU's."""
+    ref, _ = _decode_with_ids("cpu", 60)
+    moves = torchtpu.metrics().get("bucket_moves", 0)
+    with torchtpu.eager_mode("defer_and_fuse"):
+        got, counts = _decode_with_ids("tpu", 60)  # ids 6..65: edges at 16, 32, 64
+    assert torch.equal(got, ref)
+    assert torchtpu.metrics().get("bucket_moves", 0) > moves
+    # from ids length 20 on (the step's structure compiled), the edges at 32 and 64: one each
+    assert counts[-1] - counts[14] == 2, counts
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ compiled fused: see the compile-storm guard below.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 
 import jax
@@ -264,12 +265,15 @@ def _make_fused(nodes, out_refs, codes, donate, group=None, fast=False):
 
 class _Fused:
     """A region's executable and the device-side checks it declares. One compiled fast
-    (unoptimized) that keeps being run is compiled again optimized at its REOPTIMIZE_AFTER-th
-    run: a region at a new bucket runs once at a bucket edge, but up to the bucket's size
-    when it is the steady decode step, where -O0 code ran a static-cache decode at 22 tok/s
-    instead of 52."""
+    (unoptimized, `optimized` then holds the optimized jit) is compiled again optimized
+    once the time it spent running reaches what that compile is expected to cost
+    (TIER_UP x its own fast compile): a region at a new bucket runs once at a bucket edge,
+    or a bucket's steady decode step, whose -O0 code cost ~2 ms a token more than optimized
+    code for a tiny Llama on XLA:CPU (never worth ~4 s of compiling in 256 tokens) but ran a
+    static-cache decode at 22 tok/s instead of 52 where the cache was bigger. Its first run
+    is timed (the compile), its second waits for its outputs (the run); later runs count."""
 
-    __slots__ = ("fn", "checks", "used", "optimized", "runs")
+    __slots__ = ("fn", "checks", "used", "optimized", "runs", "compile_s", "run_s")
 
     def __init__(self, fn, checks, optimized=None):
         self.fn = fn
@@ -277,15 +281,25 @@ class _Fused:
         self.used = 0  # the flush count at its last run: the cache evicts the least recent
         self.optimized = optimized
         self.runs = 0
+        self.compile_s = self.run_s = 0.0
 
     def __call__(self, *args):
-        if self.optimized is not None:
-            self.runs += 1
-            if self.runs >= REOPTIMIZE_AFTER:
-                self.fn, self.optimized = self.optimized, None
-                metrics.bump("regions_reoptimized")
-                metrics.bump("compiles")  # it compiles at this call
-        return self.fn(*args)
+        if self.optimized is None:
+            return self.fn(*args)
+        self.runs += 1
+        if self.runs > 2 and (self.runs - 2) * self.run_s >= TIER_UP * self.compile_s:
+            self.fn, self.optimized = self.optimized, None
+            metrics.bump("regions_reoptimized")
+            metrics.bump("compiles")  # it compiles at this call
+            return self.fn(*args)
+        t0 = time.perf_counter() if self.runs <= 2 else 0.0
+        out = self.fn(*args)
+        if self.runs == 1:
+            self.compile_s = time.perf_counter() - t0
+        elif self.runs == 2:
+            jax.block_until_ready(out)
+            self.run_s = time.perf_counter() - t0
+        return out
 
 
 def _donatable(inputs) -> tuple:
@@ -425,6 +439,13 @@ def flush(reason: str) -> None:
         metrics.bump("regions_executed")
         metrics.bump("region_ops", len(g.nodes))
         metrics.bump(f"materialize:{reason}")
+    if after_flush is not None:
+        after_flush()
+
+
+# eager/dynamism.py's cross_edges: growing tensors move to their next bucket together between
+# regions, when every one of them is computed (it imports this module, hence the hook)
+after_flush = None
 
 
 _flushes = iter(range(1, 1 << 62))
@@ -438,7 +459,10 @@ _flushes = iter(range(1, 1 << 62))
 # Regions without bucketed ops (a training step) always compile optimized: a second batch
 # shape there is run as often as the first.
 FAST_REGIONS = True
-REOPTIMIZE_AFTER = 8  # runs of a fast-compiled region before it is compiled optimized (_Fused)
+# A fast-compiled region is compiled optimized once its runs took TIER_UP x its fast compile:
+# an optimized compile of a decode region took 3.5-3.9x the fast one on XLA:CPU (0.9 vs 3.5 s
+# at load ~8), so no more than about twice the best choice in hindsight is ever spent.
+TIER_UP = 4.0
 _structures = _caches.register("fused region structures", _caches.LRUSet(_caches.limit("regions")))
 
 
@@ -451,13 +475,6 @@ def _reshaped(g, out_refs) -> bool:
     if len(names) == sum(1 for n in g.nodes if "[dynamic " not in n.name and n.name != "torchtpu::grow_append"):
         return False
     key = (names, tuple(refs for _, refs in g.fingerprint), out_refs)
-    if key in _structures:
-        metrics.bump("fast_region_compiles")
-        return True
-    _structures.add(key)
-    return False
-    key = (tuple((n.compiled.shape_free_key()[1:], n.name.partition("[dynamic ")[0], refs)
-                 for n, (_, refs) in zip(g.nodes, g.fingerprint)), out_refs)
     if key in _structures:
         metrics.bump("fast_region_compiles")
         return True

@@ -22,6 +22,8 @@ from __future__ import annotations
 import itertools
 import weakref
 
+import jax
+import numpy as np
 import torch
 
 from ..metrics import bump
@@ -29,8 +31,9 @@ from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import cache as _caches
 from ..runtime import storage, tensors
+from ..runtime.jaxenv import device
 from ..runtime.storage import _table
-from . import executor, growth
+from . import deferred, executor, growth, modes
 
 MIN_BUCKET = 16
 
@@ -150,6 +153,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
     if not _marked:  # the last dynamic tensor is gone: calls go straight to the executor again
         executor.dynamic = None
         return serve(low, args, kwargs)
+    if _members and low.name == "cat" and modes.get() != "defer_and_fuse":
+        cross_edges()  # before the cat reads its inputs (defer_and_fuse: after each flush)
     found = _scan(args, kwargs)
     if not found:
         return serve(low, args, kwargs)
@@ -186,7 +191,10 @@ def execute(low: Lowering, args, kwargs, serve, run):
         else:
             if spec[1] < info.lower or (info.upper is not None and spec[1] > info.upper):
                 raise _refuse(low, p0, d0, info, f"its result has size {spec[1]} there, outside the bounds")
-            bouts.append(bucket(spec[1], info.lower, info.upper))
+            b = bucket(spec[1], info.lower, info.upper)
+            # a grown result never shrinks below its input's bucket (one moved ahead of its
+            # edge by cross_edges stays there)
+            bouts.append(max(b, info.bucket) if spec[1] > info.n else b)
     ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra)
     syn = _padded_lowering(low, rule, ctx)
     pargs, pkwargs = list(args), dict(kwargs)
@@ -200,7 +208,10 @@ def execute(low: Lowering, args, kwargs, serve, run):
     res = run(syn, pargs, pkwargs)
     if low.mode == "inplace":
         return None if res is None else rules.get(args, kwargs, _target(low, args, kwargs))
-    return _results(res, plan, bouts, info)
+    out = _results(res, plan, bouts, info)
+    if low.name == "cat" and not info.strict and plan.extra and plan.extra[0]:
+        _grew(out, plan.outs[0][0], plan.outs[0][1] - info.n)
+    return out
 
 
 def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
@@ -262,11 +273,13 @@ def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
 
 # --- tensors growing by torch.cat (eager/growth.py recognises them): dynamic, unbounded ---
 
-def _auto(t: torch.Tensor, d: int, n: int, b: int) -> None:
-    """Mark `t` (a view of the first n of b positions along d of its storage) dynamic.
-    Not strict: an op with no rule runs on the true sizes, as it would unmarked."""
+def _auto(t: torch.Tensor, d: int, n: int, b: int, step: int = 0) -> None:
+    """Mark `t` (a view of the first n of b positions along d of its storage, grown by
+    `step`) dynamic. Not strict: an op with no rule runs on the true sizes, as it would
+    unmarked."""
     _marked[storage.lookup(t)] = Dyn(t.stride(d), n, b, 0, None, strict=False)
     executor.dynamic = execute
+    _grew(t, d, step)
 
 
 def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
@@ -282,3 +295,97 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
 
 growth.grow_dynamic = _grow
 growth.on_grown = _auto
+
+
+# --- growing tensors cross bucket edges together -------------------------------------------
+#
+# A decode step grows several tensors by one position each, at different points of the
+# step: the KV cache of every layer inside the forward, then the token ids and the attention
+# mask, one longer than the cache. Each crossing its bucket edge on its own made three new
+# defer_and_fuse regions per edge (ids over, then the cache over, then the steady step).
+# Instead, when one growing tensor would overflow its bucket at its next append, every live
+# growing tensor of that bucket near its edge moves to the next bucket at once, between
+# regions (after a flush; in strict mode before the next cat): the next step's region is
+# then the new bucket's steady region, one new program per edge. The move goes through the
+# host (one transfer each way per tensor per edge, no program to compile), as
+# mark_dynamic's padding does. Only tensors nobody else could be writing move: no autograd
+# history, a computed buffer.
+
+LEAD = 4  # appends ahead of its edge within which a tensor moves with one that must
+_members: dict = {}  # serial -> _Member: live results of growth (auto-dynamic cats)
+_clock = [0]  # appends seen so far (a member's serial is the clock at its append)
+
+
+class _Member:
+    __slots__ = ("ref", "dim", "step", "serial")
+
+    def __init__(self, ref, dim, step, serial):
+        self.ref, self.dim, self.step, self.serial = ref, dim, step, serial
+
+
+def _grew(t, d, step) -> None:
+    """Remember `t`, the result of a cat that grew dim `d` by `step`, as a growing tensor."""
+    if not isinstance(t, torch.Tensor) or step <= 0:
+        return
+    k = _clock[0] = _clock[0] + 1
+    _members[k] = _Member(weakref.ref(t, lambda _, k=k: _members.pop(k, None)), d, step, k)
+
+
+def cross_edges() -> int:
+    """Move the growing tensors of a bucket to the next one together, once one of them would
+    overflow it at its next append. Returns how many moved."""
+    if not _members:
+        return 0
+    now = _clock[0]
+    # a tensor still growing was produced within the last round of appends; an old result
+    # someone still holds (the ids a finished generate returned) no longer leads anything
+    window = 2 * len(_members) + 2
+    live = []
+    for m in list(_members.values()):
+        t = m.ref()
+        if t is None or now - m.serial > window:
+            continue
+        f = _find(t)
+        if f is None or f[0] != m.dim or f[1].strict or f[1].upper is not None:
+            continue
+        live.append((t, m, f[1]))
+    edges = {info.bucket for _, m, info in live if info.n + m.step > info.bucket}
+    moved = 0
+    for t, m, info in live:
+        if info.bucket in edges and info.n + LEAD * m.step > info.bucket and _movable(t):
+            _move(t, m.dim, info, bucket(info.bucket + 1))
+            moved += 1
+    return moved
+
+
+def _movable(t: torch.Tensor) -> bool:
+    entry = _table.get(t.untyped_storage()._cdata)
+    return (entry is not None and isinstance(entry.buf, jax.Array) and not t.requires_grad
+            and t.grad_fn is None)
+
+
+def _move(t: torch.Tensor, d: int, info: Dyn, nb: int) -> None:
+    """Re-home `t` (in place: same tensor, same sizes) into a buffer of bucket `nb` along d,
+    through the host."""
+    entry = storage.lookup(t)
+    flat = np.asarray(entry.buf).reshape(-1)
+    item = flat.itemsize
+    view = np.lib.stride_tricks.as_strided(flat[t.storage_offset():], shape=tuple(t.shape),
+                                           strides=tuple(s * item for s in t.stride()), writeable=False)
+    shape = list(t.shape)
+    shape[d] = nb
+    padded = np.zeros(shape, flat.dtype)
+    padded[tuple(slice(0, s) for s in t.shape)] = view
+    bump("transfers_to_host")
+    bump("bytes_to_host", view.nbytes)
+    bump("transfers_to_device")
+    bump("bytes_to_device", padded.nbytes)
+    new = tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+    tensors.set_geometry(t, new.untyped_storage(), tuple(t.shape), new.stride(), 0)
+    e = storage.lookup(new)
+    _marked[e] = Dyn(new.stride(d), info.n, nb, info.lower, info.upper, info.strict)
+    growth.mark_grown(e)
+    bump("bucket_moves")
+
+
+deferred.after_flush = cross_edges

@@ -28,10 +28,15 @@ _append = None
 # eager/dynamism.py plugs in here (it needs the executor, which imports this module):
 # grow_dynamic(low, a, b, d, run) serves the growth of a tensor whose dims before the cat
 # dim are not all 1 (a KV cache (batch, heads, length, dim) growing along length), by
-# making it dynamic; on_grown(t, d, n, bucket) makes a bucketed result dynamic, so the ops
-# over it (a mask's reduction, ...) are bucketed too.
+# making it dynamic; on_grown(t, d, n, bucket, step) makes a bucketed result (grown by step)
+# dynamic, so the ops over it (a mask's reduction, ...) are bucketed too.
 grow_dynamic = None
 on_grown = None
+
+
+def mark_grown(entry) -> None:
+    """A storage a growth produced: a cat appending to a tensor over it grows in place."""
+    _grown.add(entry)
 
 
 def _eligible(ts, dim):
@@ -86,5 +91,5 @@ def cat(low, args, kwargs, run):
     out = tensors.alias(flat, shape, geometry.contiguous_strides(shape), 0)
     _grown.add(storage.lookup(out))
     if on_grown is not None:
-        on_grown(out, d, n, capacity // inner)
+        on_grown(out, d, n, capacity // inner, b.shape[d])
     return out
