@@ -111,6 +111,7 @@ NOT_CACHES = {
     "_warned": "eager/fallback.py: ATen op names warned about once, bounded by the op count",
     "_grown": "eager/growth.py: weak, entries leave with their storages",
     "_marked": "eager/dynamism.py: weak, the dynamic dims of live storages",
+    "_members": "eager/dynamism.py: live growing tensors; an entry leaves with its tensor (weakref callback)",
     "_contexts": "distributed/fused.py: one per live process group (holds its agreement state)",
     "_ops": "distributed/fused.py: one per collective kind",
     "_graph_lowering": "eager/control_flow.py: the hook compile/ installs (two entries)",
