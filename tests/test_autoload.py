@@ -208,3 +208,41 @@ def test_import_torchtpu_without_autoload_binds_everything():
              "print(x.device)\n", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["tpu:0"]
+
+
+TRAINER = """
+import sys, torch
+assert "jax" not in sys.modules
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+import transformers
+transformers.logging.set_verbosity_error()
+cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                 max_position_embeddings=32, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+torch.manual_seed(0)
+BertForSequenceClassification(cfg).save_pretrained(OUT + "/model")
+g = torch.Generator().manual_seed(0)
+x, y = torch.randint(0, 64, (40, 12), generator=g), torch.randint(0, 2, (40,), generator=g)
+data = [{"input_ids": x[i], "labels": y[i]} for i in range(40)]
+
+def train(sub, **kw):
+    args = TrainingArguments(output_dir=OUT + sub, max_steps=5, seed=0, report_to=[], logging_steps=1,
+                             disable_tqdm=True, **kw)
+    t = Trainer(model=BertForSequenceClassification.from_pretrained(OUT + "/model"), args=args, train_dataset=data)
+    t.train()
+    return [h["loss"] for h in t.state.log_history if "loss" in h], t
+
+losses, t = train("/tpu")  # default arguments, torchtpu never imported: the device is chosen for us
+assert t.args.device.type == "tpu" and {p.device.type for p in t.model.parameters()} == {"tpu"}
+cpu_losses, c = train("/cpu", use_cpu=True)
+assert c.accelerator.device.type == "cpu" and len(losses) == len(cpu_losses) == 5
+torch.testing.assert_close(losses, cpu_losses, atol=1e-5, rtol=1e-4)
+"""
+
+
+@pytest.mark.slow
+def test_default_trainer_trains_on_tpu_with_autoload_alone(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    r = _run(f"OUT = {str(tmp_path)!r}\n" + TRAINER + "print('ok')\n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1:] == ["ok"], r.stdout[-2000:]
