@@ -281,6 +281,22 @@ def make_inputs(model, variant: str) -> list[dict]:
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
         noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
+    if "shared_kv_states" in params:
+        # speculative drafters (Gemma 4 assistants) read the target model's state: its hidden states at
+        # one new position (2 x the target's width: embedding and last hidden state side by side) and
+        # its last keys / values per attention type over an s-token prompt
+        kvh = getattr(text_cfg, "num_key_value_heads", None) or t["kv_heads"]
+        hd = getattr(text_cfg, "head_dim", None) or t["head_dim"]
+        width = 2 * (getattr(cfg, "backbone_hidden_size", None) or t["hidden"])
+
+        def kv(kind):
+            n = (getattr(text_cfg, "num_global_key_value_heads", None) or kvh) if kind == "full_attention" else kvh
+            d = (getattr(text_cfg, "global_head_dim", None) or hd) if kind == "full_attention" else hd
+            return torch.randn(b, n, s, d, generator=g), torch.randn(b, n, s, d, generator=g)
+
+        cands.insert(0, {"inputs_embeds": torch.randn(b, 1, width, generator=g),
+                         "shared_kv_states": {k: kv(k) for k in sorted(set(text_cfg.layer_types))},
+                         "attention_mask": torch.ones(b, s, dtype=torch.long), "position_ids": torch.full((b, 1), s)})
     ncb = _get(cfg, "num_codebooks", default=1) if getattr(cfg, "model_type", "") in C.CODEBOOK_ROWS else 1
     cols = _get(cfg, "num_codebooks", default=0) if getattr(cfg, "model_type", "") in C.CODEBOOK_COLUMNS else 0
     for c in cands:

@@ -146,7 +146,8 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
         return
     # The same weights and inputs on tpu.
     res.failing_op = "tpu"
-    tinputs = {k: v.to("tpu") for k, v in inputs.items()}
+    # nested inputs too (a drafter's shared_kv_states: {layer type: (keys, values)})
+    tinputs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda v: v.to("tpu"), inputs)
     torchtpu.reset_metrics()
     try:
         with _mode(mode):
