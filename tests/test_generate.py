@@ -225,6 +225,47 @@ def test_growing_tensors_of_a_step_cross_a_bucket_edge_together():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_growth_within_a_bound_compiles_nothing_after_warm_up(mode):
+    """Under torchtpu.growth_bound the cache, ids and mask pad to the bound at their first
+    append: past the first steps, 30 more tokens compile nothing (metrics' compiles); ids
+    equal CPU's, and a growth past the bound raises."""
+    ref, _ = _decode_with_ids("cpu", 34)
+    with torchtpu.eager_mode(mode), torchtpu.growth_bound(40):
+        got, counts = _decode_with_ids("tpu", 34)  # ids 6..39
+    assert torch.equal(got, ref)
+    assert counts[-1] == counts[3], counts
+    with torchtpu.growth_bound(8):
+        ids = torch.tensor([[1, 2]], device="tpu")
+        for i in range(6):
+            ids = torch.cat([ids, torch.tensor([[i]], device="tpu")], 1)
+        with pytest.raises(RuntimeError, match=r"aten\.cat .*dim 1.*outside the bounds"):
+            torch.cat([ids, torch.tensor([[9]], device="tpu")], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_hf_generate_within_a_bound_compiles_nothing_new(mode):
+    """HF generate with the default DynamicCache under growth_bound(prompt + max_new_tokens):
+    after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    kw = dict(do_sample=False, num_beams=1, pad_token_id=0)
+    m = copy.deepcopy(model).to("tpu")
+    with torchtpu.eager_mode(mode), torchtpu.growth_bound(8 + 48):
+        m.generate(prompt.to("tpu"), max_new_tokens=6, min_new_tokens=6, **kw)
+        before = _compiles()
+        out = m.generate(prompt.to("tpu"), max_new_tokens=48, min_new_tokens=48, **kw).cpu()
+        new = _compiles() - before
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=48, min_new_tokens=48, **kw))
+    assert new == 0, new
+
+
+@pytest.mark.slow
 def test_symbolic_graph_past_its_fourth_size_compiles_fast():
     """A compiled graph Dynamo made symbolic in a length is specialized per length; past its
     4th (TORCHTPU_FAST_COMPILE_AFTER) those programs compile without XLA's optimizations

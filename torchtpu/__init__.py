@@ -44,6 +44,7 @@ from . import kernels as _user_kernels  # noqa: E402,F401 - jax_op, JAX interop,
 __version__ = "0.1.0"
 
 import os as _os  # noqa: E402
+import typing as _typing  # noqa: E402
 
 
 def compile_cache_dir(path: "str | _os.PathLike | None") -> None:
@@ -241,6 +242,18 @@ def mark_dynamic(t: "torch.Tensor", dim: int, lower: int = 0, upper: "int | None
     return _dynamism.mark_dynamic(t, dim, lower, upper)
 
 
+def growth_bound(upper: "int | None") -> "_typing.ContextManager[None]":
+    """A context manager: tensors that start growing by torch.cat inside it (greedy
+    decoding's token ids and attention mask, a DynamicCache's K/V, a hand-written cache)
+    stay within `upper` positions along the growing dim and pad to it at once, so a run
+    within the bound compiles its programs at the first steps and nothing per bucket after
+    (`with torchtpu.growth_bound(prompt_len + max_new_tokens): model.generate(...)`). A
+    growth past `upper` raises. Process-wide, as the eager mode."""
+    from .eager import growth as _growth
+
+    return _growth.growth_bound(upper)
+
+
 def get_dynamism(t: "torch.Tensor") -> "dict[int, tuple[int, int | None]]":
     """{dim: (lower, upper)} for the dynamic dim of `t` (marked, or inherited from an op
     over a marked tensor); {} for a static tensor."""
@@ -273,6 +286,7 @@ __all__ = [
     "lowered_ops",
     "mark_dynamic",
     "get_dynamism",
+    "growth_bound",
     "jax_op",
     "to_jax",
     "from_jax",

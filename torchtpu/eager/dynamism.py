@@ -192,6 +192,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
             if spec[1] < info.lower or (info.upper is not None and spec[1] > info.upper):
                 raise _refuse(low, p0, d0, info, f"its result has size {spec[1]} there, outside the bounds")
             b = bucket(spec[1], info.lower, info.upper)
+            if spec[1] > info.n and low.name == "cat" and info.upper is not None:
+                b = info.upper  # a tensor growing within a bound pads to it: one program for all sizes
             # a grown result never shrinks below its input's bucket (one moved ahead of its
             # edge by cross_edges stays there)
             bouts.append(max(b, info.bucket) if spec[1] > info.n else b)
@@ -277,7 +279,8 @@ def _auto(t: torch.Tensor, d: int, n: int, b: int, step: int = 0) -> None:
     """Mark `t` (a view of the first n of b positions along d of its storage, grown by
     `step`) dynamic. Not strict: an op with no rule runs on the true sizes, as it would
     unmarked."""
-    _marked[storage.lookup(t)] = Dyn(t.stride(d), n, b, 0, None, strict=False)
+    upper = b if growth.bound is not None and b == growth.bound else None  # (under growth_bound)
+    _marked[storage.lookup(t)] = Dyn(t.stride(d), n, b, 0, upper, strict=False)
     executor.dynamic = execute
     _grew(t, d, step)
 
@@ -286,10 +289,11 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
     """cat([a, b], d) of a tensor that grows along d behind dims of size > 1: `a` is padded
     into a bucket once (one program for its size), then the cat rule appends in buckets."""
     n = a.shape[d]
-    pad = [0, 0] * (a.dim() - d - 1) + [0, bucket(n) - n]
+    room = growth.bucket_of(n)
+    pad = [0, 0] * (a.dim() - d - 1) + [0, room - n]
     p = torch.constant_pad_nd(a, pad)
     pa = tensors.alias(p, tuple(a.shape), p.stride(), 0)
-    _auto(pa, d, n, bucket(n))
+    _auto(pa, d, n, room)
     return execute(low, ([pa, b], d), {}, run, run)
 
 

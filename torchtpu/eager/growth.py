@@ -16,6 +16,7 @@ token) are keyed by the bucket's storage size with their offset a runtime value.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 
@@ -32,6 +33,30 @@ _append = None
 # dynamic, so the ops over it (a mask's reduction, ...) are bucketed too.
 grow_dynamic = None
 on_grown = None
+# The bound set by growth_bound: tensors starting to grow under it pad straight to it.
+bound: int | None = None
+
+
+@contextlib.contextmanager
+def growth_bound(upper: int | None):
+    """Tensors that start growing by cat inside this block (token ids, a DynamicCache's
+    K/V, an attention mask) grow within `upper` positions: they pad to `upper` at once, so
+    a run within it compiles every program once, at the first steps. Process-wide."""
+    global bound
+    if upper is not None and (not isinstance(upper, int) or upper < 1):
+        raise ValueError(f"torchtpu.growth_bound: expected a positive int or None, got {upper!r}")
+    prev, bound = bound, upper
+    try:
+        yield
+    finally:
+        bound = prev
+
+
+def bucket_of(n: int) -> int:
+    """The positions a tensor starting to grow at size n pads to."""
+    if bound is not None and n <= bound:
+        return bound
+    return max(MIN_CAPACITY, 1 << (n - 1).bit_length())
 
 
 def mark_grown(entry) -> None:
@@ -83,7 +108,7 @@ def cat(low, args, kwargs, run):
     if _append is None:
         _append = LOWERINGS["torchtpu::grow_append"]
     n = a.shape[d] + b.shape[d]
-    capacity = max(MIN_CAPACITY, 1 << (n - 1).bit_length()) * inner
+    capacity = bucket_of(n) * inner
     base = tensors.alias(a, (entry.numel,), (1,), 0)
     new = tensors.alias(b, (b.numel(),), (1,), b.storage_offset())
     flat = run(_append, (base, new, a.numel(), capacity), {})
