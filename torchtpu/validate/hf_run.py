@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import time
 import warnings
 
@@ -137,6 +138,9 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
         return
     labels = labels_for(model, res.variant, inputs, expected) if backward else None
     gen = generate and res.variant in C.GENERATE_VARIANTS
+    if gen and "shared_kv_states" in inspect.signature(model.forward).parameters:
+        # a speculative drafter proposes tokens inside its target's assisted generation only
+        res.generate, res.generate_detail, gen = "skipped", _DRAFTER_GENERATE, False
     if mode == CPU_ONLY:  # coverage pass: what the CPU reference runs, nothing on tpu
         res.state, res.failing_op = "cpu-ok", ""
         if labels is not None:
@@ -175,6 +179,8 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
 
 
 CPU_ONLY = "cpu"  # the --mode of the coverage pass
+_DRAFTER_GENERATE = ("upstream: a drafter generates only inside its target model's assisted generation (alone, "
+                     "generate() raises ValueError: `get_seq_length` can only be called on Attention layers)")
 
 
 def _cpu_state(fn) -> tuple[str, str]:
