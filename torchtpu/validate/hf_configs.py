@@ -384,7 +384,9 @@ OVERRIDES: dict[str, dict] = {
     "xmod": {"default_language": "en_XX"},  # the adapter to route through (the checkpoint's choice)
     # axial position factors sum to hidden; their shape multiplies to the sequence; chunks divide it
     "reformer": {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [2, 4], "local_attn_chunk_length": 4,
-                 "lsh_attn_chunk_length": 4},
+                 "lsh_attn_chunk_length": 4,
+                 # its loss runs in train mode only (TRAIN_FOR_LOSS): no dropout, so CPU and tpu agree
+                 "hidden_dropout_prob": 0.0, "local_attention_probs_dropout_prob": 0.0},
     "moonshine_streaming": {"num_key_value_heads": 4},
     "step3p7": {"text_config.sliding_window": 4},
     "wav2vec2-bert": {"feature_projection_input_dim": 64},  # = the last dim of the dummy features
@@ -601,6 +603,12 @@ LOSS_LABELS = {
     "multiple-choice": "choice", "next-sentence": "binary", "ts-cls": "class",
     "token-cls": "token_class", "qa": "span", "ctc": "ctc", "semantic-seg": "pixel_class",
 }
+# Types whose loss refuses eval mode (Reformer's reversible layers assert model.train()): the loss
+# and its backward run in train mode, on a tiny config without dropout.
+TRAIN_FOR_LOSS = ("reformer",)
+# Heads that take labels but return no loss (upstream): type -> why; backward is not run for them.
+NO_LOSS = {"shieldgemma2": "upstream: ShieldGemma2ForImageClassification passes labels to its language model "
+                           "and drops the loss (its output has no loss field)"}
 # Heads whose greedy generate(max_new_tokens=8) is compared (with --generate).
 GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 

@@ -369,7 +369,8 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     inputs and the forward's outputs; None for heads without a recipe (hf_configs.LOSS_LABELS)."""
     recipe = C.LOSS_LABELS.get(variant)
     params = inspect.signature(model.forward).parameters
-    if recipe is None or not ({"labels", "start_positions"} & set(params)):
+    if recipe is None or not ({"labels", "start_positions"} & set(params)) \
+            or getattr(model.config, "model_type", "") in C.NO_LOSS:
         return None
     g = torch.Generator().manual_seed(4321)
     logits = getattr(out, "logits", None)
@@ -377,8 +378,13 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     b = C.BATCH.get(getattr(model.config, "model_type", ""), C.TINY["batch"])
     n_cls = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() >= 2 else \
         getattr(model.config, "num_labels", 2)
-    if ids is not None and ids.dim() == 3 and getattr(model.config, "model_type", "") in C.CODEBOOK_COLUMNS:
+    mtype = getattr(model.config, "model_type", "")
+    if ids is not None and ids.dim() == 3 and mtype in C.CODEBOOK_COLUMNS:
         ids = ids[..., 0]  # text token + audio codes per step: the loss is over the text column
+    if ids is not None and mtype in C.CODEBOOK_ROWS:  # (batch * codebooks, seq) -> (batch, seq, codebooks)
+        ids = ids.reshape(b, -1, ids.shape[-1]).transpose(1, 2)
+    if recipe == "ids" and getattr(model.config, "is_encoder_decoder", False) and "decoder_input_ids" in inputs:
+        recipe = "decoder_ids"  # an encoder-decoder's LM loss is over the decoder's tokens (UDOP)
     if recipe == "ids" and ids is not None:
         return {"labels": ids}
     if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
@@ -401,7 +407,13 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
                 "end_positions": torch.randint(0, s, (b,), generator=g)}
     if recipe == "ctc":
         vocab = getattr(model.config, "vocab_size", None) or 8
-        return {"labels": torch.randint(1, max(2, vocab), (b, 3), generator=g)}
+        lab = {"labels": torch.randint(1, max(2, vocab), (b, 3), generator=g)}
+        feats = inputs.get("input_features")
+        if feats is not None and "attention_mask" in params and "attention_mask" not in inputs:
+            # conformer CTC heads (parakeet, lasr, granite_speech5) take the logit lengths from the
+            # mask: every frame of the (batch, frames, features) input valid
+            lab["attention_mask"] = torch.ones(feats.shape[:2], dtype=torch.long)
+        return lab
     if recipe == "pixel_class" and "pixel_values" in inputs:
         h, w = inputs["pixel_values"].shape[-2:]
         return {"labels": torch.randint(0, max(1, getattr(model.config, "num_labels", 2)), (b, h, w),

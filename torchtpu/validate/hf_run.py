@@ -193,14 +193,29 @@ def _cpu_state(fn) -> tuple[str, str]:
         return "cpu-error", f"{type(e).__name__}: {_short(e)}"
 
 
+@contextlib.contextmanager
+def _loss_mode(model):
+    """Train mode while the loss and its backward run, for the types whose loss refuses eval mode
+    (C.TRAIN_FOR_LOSS: their tiny configs turn dropout off, so both sides still agree)."""
+    if getattr(model.config, "model_type", "") not in C.TRAIN_FOR_LOSS:
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+
+
 def _cpu_loss(model, inputs, labels):
     """The CPU loss of `model` on `inputs` + `labels`, backward run (gradients in .grad)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(SEED)
-    loss = model(**inputs, **labels).loss
-    if loss is None:
-        raise ValueError("the head returned no loss for labels " + ", ".join(labels))
-    loss.backward()
+    with _loss_mode(model):  # Reformer's reversible backward asserts train mode too
+        loss = model(**inputs, **labels).loss
+        if loss is None:
+            raise ValueError("the head returned no loss for labels " + ", ".join(labels))
+        loss.backward()
     return loss
 
 
@@ -217,8 +232,9 @@ def _backward(model, tmodel, inputs, tinputs, labels, mode, res, call=None) -> t
         with _mode(mode):
             tmodel.zero_grad(set_to_none=True)
             torch.manual_seed(SEED)
-            tloss = (tmodel if call is None else call)(**tinputs, **tlabels).loss
-            tloss.backward()
+            with _loss_mode(tmodel):
+                tloss = (tmodel if call is None else call)(**tinputs, **tlabels).loss
+                tloss.backward()
             grads_t = {n: p.grad for n, p in tmodel.named_parameters() if p.grad is not None}
             grads_c = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             both = sorted(set(grads_t) & set(grads_c))
