@@ -312,8 +312,7 @@ growth.on_grown = _auto
 # regions (after a flush; in strict mode before the next cat): the next step's region is
 # then the new bucket's steady region, one new program per edge. The move goes through the
 # host (one transfer each way per tensor per edge, no program to compile), as
-# mark_dynamic's padding does. Only tensors nobody else could be writing move: no autograd
-# history, a computed buffer.
+# mark_dynamic's padding does. Only a tensor no view shares a storage with moves (_movable).
 
 LEAD = 4  # appends ahead of its edge within which a tensor moves with one that must
 _members: dict = {}  # serial -> _Member: live results of growth (auto-dynamic cats)
@@ -363,9 +362,16 @@ def cross_edges() -> int:
 
 
 def _movable(t: torch.Tensor) -> bool:
-    entry = _table.get(t.untyped_storage()._cdata)
+    """Whether `t` may move to a new storage: no other tensor (a view) shares its storage,
+    whose writes would no longer reach it; no autograd history; a computed buffer."""
+    s = t.untyped_storage()
+    entry = _table.get(s._cdata)
     return (entry is not None and isinstance(entry.buf, jax.Array) and not t.requires_grad
-            and t.grad_fn is None)
+            and t.grad_fn is None and _use_count(s._cdata) <= _ALONE)
+
+
+_use_count = torch._C._storage_Use_Count
+_ALONE = 2  # a storage held by one tensor: the tensor and its StorageImpl's own Python object
 
 
 def _move(t: torch.Tensor, d: int, info: Dyn, nb: int) -> None:
