@@ -442,7 +442,9 @@ OVERRIDES: dict[str, dict] = {
     "pp_ocrv6_tiny_rec": {"image_size": [48, 320]},
     "pp_doclayout_v2": {**_PP_DOCLAYOUT, "class_thresholds": [0.5, 0.5], "class_order": [0, 1]},
     # V3 reads the stride-4 map too (its mask branch): four backbone maps, x4_feat_dim its width
-    "pp_doclayout_v3": {**_PP_DOCLAYOUT, "x4_feat_dim": 64,
+    # its random init (std 0.01) shrinks the mask logits to 1e-42..1e-17, subnormal floats that XLA flushes
+    # to zero (as TPUs do), and the `mask > 0` boxes then differ: std 0.1 keeps them normal
+    "pp_doclayout_v3": {**_PP_DOCLAYOUT, "x4_feat_dim": 64, "initializer_range": 0.1,
                         "backbone_config": {**_HGNET_V2, "out_features": ["stage1", "stage2", "stage3", "stage4"]},
                         "mask_feature_channels": [16, 16], "num_prototypes": 8},
     "pp_doclayout_v4": _PP_DOCLAYOUT,
