@@ -230,3 +230,45 @@ def test_profiler_records_device_time_per_program(mode, tmp_path):
     if mode == "strict":  # each op's own program is a kernel of that op, as CUDA's are
         mm = [e for e in prof.key_averages() if e.key == "aten::mm" and e.self_device_time_total > 0]
         assert mm
+
+
+_ALIVE_AT_EXIT = """
+import torch, torchtpu
+x = torch.randn(4, 5, device="tpu")
+view = x[1:, 2:]
+storage = torch.ones(3, device="tpu").untyped_storage()
+raw = torch.UntypedStorage(16, device="tpu")
+model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model(x).sum().backward()
+opt.step()
+with torch.autocast("tpu", dtype=torch.bfloat16):
+    amp_out = model(x)  # the parameters' casts stay in autocast's weak cache
+on_dev = torch.randn(6).pin_memory().to("tpu", non_blocking=True)
+back = (x * 2).to("cpu", non_blocking=True)
+unflushed = x @ x.T  # defer_and_fuse: recorded, never run
+grown = torch.cat([x, x])
+gen = torch.Generator(device="tpu").manual_seed(1)
+drawn = torch.rand(3, device="tpu", generator=gen)
+ev = torch.tpu.Event(enable_timing=True)
+ev.record()
+print("reached the end")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing torchtpu: seconds
+@pytest.mark.parametrize("eager_mode", ["strict", "defer_and_fuse"])
+def test_tpu_objects_alive_at_interpreter_exit_exit_quietly(eager_mode):
+    """Storages, views, a model with optimizer state, autocast casts, pending copies still
+    alive when the interpreter exits: their release callbacks run after module globals were
+    cleared, and printed "Exception ignored in ... 'NoneType' object is not callable"."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHTPU_EAGER_MODE=eager_mode)
+    proc = subprocess.run([sys.executable, "-c", _ALIVE_AT_EXIT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.stdout == "reached the end\n"
+    assert proc.stderr == ""
+    assert proc.returncode == 0

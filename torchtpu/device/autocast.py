@@ -117,7 +117,8 @@ def _cast(to, t):
             if src() is t and version == t._version and dtype is to and out is not None:
                 return out
         out = t.to(to)
-        _cache[id(t)] = (weakref.ref(t, lambda _, k=id(t): _cache.pop(k, None)),
+        # `pop` bound now: a parameter dying at interpreter exit finds `_cache` already None
+        _cache[id(t)] = (weakref.ref(t, lambda _, k=id(t), pop=_cache.pop: pop(k, None)),
                          t._version, to, weakref.ref(out))
         return out
     return t.to(to)

@@ -331,7 +331,8 @@ def _grew(t, d, step) -> None:
     if not isinstance(t, torch.Tensor) or step <= 0:
         return
     k = _clock[0] = _clock[0] + 1
-    _members[k] = _Member(weakref.ref(t, lambda _, k=k: _members.pop(k, None)), d, step, k)
+    # `pop` bound now: a tensor dying at interpreter exit finds `_members` already None
+    _members[k] = _Member(weakref.ref(t, lambda _, k=k, pop=_members.pop: pop(k, None)), d, step, k)
 
 
 def cross_edges() -> int:

@@ -9,6 +9,7 @@ drops the entry, so device memory returns when the last tensor or view dies.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 
@@ -43,7 +44,11 @@ _lock = threading.RLock()
 _stats = {"allocated": 0, "peak": 0}
 
 
-def _release(key: int, entry: Entry) -> None:
+def _release(key: int, entry: Entry, _finalizing=sys.is_finalizing) -> None:
+    # A storage still alive at interpreter exit is collected after module globals were
+    # cleared (to None): nothing here could run then, and the process frees it all anyway.
+    if _finalizing():
+        return
     with _lock:
         if _table.get(key) is entry:
             del _table[key]
@@ -122,8 +127,9 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     key = storage._cdata
     entry = Entry(numel, dtype, buf)
     # A plain weakref callback (cheaper than weakref.finalize); the entry keeps the
-    # weakref alive for as long as the table holds the entry.
-    entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry: _release(key, entry))
+    # weakref alive for as long as the table holds the entry. `_release` is bound as a
+    # default: at interpreter exit the module global may already be None.
+    entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry, release=_release: release(key, entry))
     with _lock:
         _table[key] = entry
         _stats["allocated"] += entry.nbytes
