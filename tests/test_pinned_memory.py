@@ -145,7 +145,15 @@ def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
     out = (t @ t @ t * 2).to("cpu", non_blocking=True)
     half = (t * 3)[::2].to("cpu", torch.bfloat16, non_blocking=True)
     flipped = (t - 1).t().to("cpu", torch.float64, non_blocking=True)
+    into = torch.empty(256, 256).pin_memory()
+    into.copy_(t @ t - 2, non_blocking=True)  # the copy_ spelling, into the user's pinned tensor
+    rows = torch.zeros(4, 256).pin_memory()
+    rows[1:3].copy_((t + 5)[:2], non_blocking=True)  # a contiguous view inside a pinned block
     _synchronize(sync, t, tmp_path)
+    torch.testing.assert_close(into, x @ x - 2, rtol=1e-5, atol=1e-5)
+    want_rows = torch.zeros(4, 256)
+    want_rows[1:3] = (x + 5)[:2]
+    torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)
     assert out.is_pinned() and half.is_pinned() and flipped.is_pinned()
     torch.testing.assert_close(out, x @ x @ x * 2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(half, (x * 3)[::2].to(torch.bfloat16), rtol=0, atol=0)
@@ -182,6 +190,62 @@ def test_non_blocking_copy_returns_before_the_value_lands(mode, sync, tmp_path):
     from torchtpu.runtime import inflight
     assert torch.tpu.current_stream().query(), [(type(b), getattr(b, "shape", None)) for b in inflight.pending()]
     torch.testing.assert_close(out, a @ a @ a @ a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("read", ["synchronize", "to_device", "copy_to_device"])
+def test_non_blocking_copy_into_pinned_returns_before_the_value_lands(mode, read):
+    """`pinned.copy_(tpu_tensor, non_blocking=True)` is queued, as CUDA's; the value is there
+    after a synchronization, and a host->device copy of the destination issued before any
+    synchronization reads the landed value (on CUDA's one stream it queues behind the copy)."""
+    from torchtpu.eager import deferred
+    from torchtpu.runtime import storage
+
+    a, d = _slow_product()
+    want = a @ a @ a @ a
+    y = d @ d @ d @ d
+    deferred.flush("test")
+    if storage.lookup(y).buf.is_ready():
+        pytest.skip("the device finished before the copy was issued")
+    dst = torch.empty(a.shape).pin_memory()
+    assert dst.copy_(y, non_blocking=True) is dst
+    in_flight = not torch.tpu.current_stream().query()
+    if read == "synchronize":
+        torch.tpu.synchronize()
+        got = dst
+    elif read == "to_device":
+        got = dst.to("tpu", non_blocking=True).cpu()
+    else:
+        got = torch.empty(a.shape, device="tpu")
+        got.copy_(dst, non_blocking=True)
+        got = got.cpu()
+    assert in_flight  # a blocking copy would have waited for the four matmuls
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.tpu.synchronize()
+    torch.testing.assert_close(dst, want, rtol=1e-4, atol=1e-5)
+
+
+def test_non_blocking_copy_into_other_host_memory_blocks(mode):
+    """Where the copy thread cannot write the destination in place (pageable memory, a
+    cast, a strided or broadcast destination), copy_ with non_blocking=True copies before it
+    returns, as CUDA does from pageable memory: the value is right with no synchronization."""
+    x = torch.randn(6, 8)
+    t = x.to("tpu")
+    pageable = torch.empty(6, 8)
+    pageable.copy_(t * 2, non_blocking=True)
+    torch.testing.assert_close(pageable, x * 2, rtol=0, atol=0)
+    cast = torch.empty(6, 8, dtype=torch.float64).pin_memory()
+    cast.copy_(t - 1, non_blocking=True)
+    torch.testing.assert_close(cast, (x - 1).double(), rtol=0, atol=0)
+    strided = torch.empty(8, 6).pin_memory().t()
+    strided.copy_(t + 3, non_blocking=True)
+    torch.testing.assert_close(strided, x + 3, rtol=0, atol=0)
+    broadcast = torch.empty(6, 8).pin_memory()
+    broadcast.copy_(t[0], non_blocking=True)
+    torch.testing.assert_close(broadcast, x[0].expand(6, 8), rtol=0, atol=0)
+    half = torch.empty(6, 8, dtype=torch.bfloat16).pin_memory()
+    half.copy_(t.bfloat16(), non_blocking=True)  # same dtype, a bitcast numpy view
+    torch.tpu.synchronize()
+    torch.testing.assert_close(half, x.bfloat16(), rtol=0, atol=0)
 
 
 def test_non_blocking_copies_under_gc_stress(mode):

@@ -24,7 +24,10 @@ value is right once the user synchronizes (`torch.tpu.synchronize()`,
 `torch.accelerator.synchronize()`, a tpu stream's or event's synchronize) or makes
 any blocking host read after it. A plain `torch.Stream(device="tpu")` synchronizes
 too (device/streams.py installs it). `cpu_tensor.copy_(tpu_tensor, non_blocking=True)`
-completes before it returns.
+is asynchronous the same way when the destination is pinned, contiguous and of the
+source's dtype and shape (eager/kernels.copy_), and blocking otherwise, as CUDA's from
+pageable memory. A host->device copy out of pinned memory waits for the copies still
+landing (runtime/transfer.to_device_array), as it would queue behind them on CUDA's stream.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
-from ..runtime import geometry, inflight, storage, tensors, transfer
+from ..runtime import geometry, inflight, pinned, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import argcheck, composites, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
@@ -276,9 +276,27 @@ def copy_(self, src, non_blocking=False):
         execute(_copy_lowering(), (self, tmp), {})
         return self
     # device -> host
+    if non_blocking and _lands_async(self, src):
+        try:
+            transfer.to_host_async(src, self.detach())
+            return self
+        except TypeError:  # no numpy view of this dtype (float8): the blocking copy
+            pass
     host = transfer.to_host(src)
     self.copy_(host)
     return self
+
+
+def _lands_async(dst, src) -> bool:
+    """Whether `dst.copy_(src, non_blocking=True)` (tpu -> host) returns before the value
+    lands, as CUDA's does into pinned memory: the destination is pinned, contiguous and of
+    the source's dtype and shape, so the copy thread writes its bytes in place. Anything
+    else (pageable memory, a cast, a broadcast, a strided destination) copies blocking,
+    as CUDA does from pageable memory."""
+    return (dst.device.type == "cpu" and dst.dtype == src.dtype and dst.shape == src.shape
+            and dst.numel() > 0 and dst.layout == torch.strided and src.layout == torch.strided
+            and not (dst.is_conj() or dst.is_neg() or src.is_conj() or src.is_neg())
+            and dst.is_contiguous() and pinned.is_pinned_ptr(dst.data_ptr()))
 
 
 def _copy_from(self, dst, non_blocking=False):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import metrics
-from . import geometry, inflight, leaf, pending, storage
+from . import geometry, inflight, leaf, pending, pinned, storage
 from .jaxenv import _BITCAST_VIA, device, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
@@ -96,6 +96,10 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 def to_device_array(t: torch.Tensor) -> jax.Array:
     """A CPU tensor's value on the device (same shape and dtype)."""
+    if _copies and pinned.is_pinned_ptr(t.data_ptr()):
+        # it may be the destination of a non-blocking copy still landing: on CUDA's one
+        # stream this host->device copy would queue behind it
+        wait_host_copies()
     a = torch_to_numpy(t)  # a private copy: XLA:CPU may alias it rather than copy
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
