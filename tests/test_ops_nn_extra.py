@@ -80,6 +80,18 @@ def test_im2col_col2im():
     check(lambda c: F.fold(c, (5, 5), **kw), cols[0])
 
 
+def test_col2im_long_kernel():
+    # an ISTFT's overlap-add (neucodec, vocos): frames of 96 taps folded at hop 24, past the unrolled path
+    frames = torch.randn(2, 96, 7)
+    kw = dict(kernel_size=(1, 96), stride=(1, 24))
+    check(lambda f: F.fold(f, (1, 6 * 24 + 96), **kw), frames, grad=(0,))
+    # 2-D, 72 taps, padded and strided unevenly
+    kw2 = dict(kernel_size=(8, 9), padding=(1, 2), stride=(2, 1))
+    cols = F.unfold(torch.randn(2, 3, 12, 11), **kw2)
+    check(lambda c: F.fold(c, (12, 11), **kw2), cols, grad=(0,))
+    check(lambda c: F.fold(c, (12, 11), **kw2), cols[0])
+
+
 @pytest.mark.parametrize("shape,dim,size,step", [((3, 7), 1, 2, 2), ((4, 5), 0, 2, 3), ((), 0, 1, 1)])
 def test_unfold_backward(shape, dim, size, step):
     check(lambda x: x.unfold(dim, size, step), torch.randn(shape), grad=(0,))

@@ -63,6 +63,9 @@ def im2col(self, kernel_size, dilation, padding, stride):
     return out if batched else out[0]
 
 
+_COL2IM_UNROLL = 64  # kernel taps up to which col2im adds one strided slice per tap (cheap, no scatter)
+
+
 @lower("col2im")
 def col2im(self, output_size, kernel_size, dilation, padding, stride):
     batched = self.ndim == 3
@@ -74,10 +77,18 @@ def col2im(self, output_size, kernel_size, dilation, padding, stride):
     cols = x.reshape(n, c, kh, kw, oh, ow)
     out = jnp.zeros((n, c, h + 2 * ph, w + 2 * pw), _opmath(x.dtype))
     cols = cols.astype(out.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dh, j * dw
-            out = out.at[:, :, r0:r0 + sh * (oh - 1) + 1:sh, c0:c0 + sw * (ow - 1) + 1:sw].add(cols[:, :, i, j])
+    if kh * kw > _COL2IM_UNROLL:
+        # a long kernel (an ISTFT's overlap-add folds n_fft = 1920 taps): one scatter-add over every
+        # (tap, position) pair; one strided add per tap unrolls into a program XLA compiles for minutes
+        hp, wp = out.shape[2:]
+        i, j, a, b = np.ix_(np.arange(kh), np.arange(kw), np.arange(oh), np.arange(ow))
+        idx = ((i * dh + a * sh) * wp + (j * dw + b * sw)).reshape(-1)
+        out = out.reshape(n, c, hp * wp).at[:, :, idx].add(cols.reshape(n, c, -1)).reshape(n, c, hp, wp)
+    else:
+        for i in range(kh):
+            for j in range(kw):
+                r0, c0 = i * dh, j * dw
+                out = out.at[:, :, r0:r0 + sh * (oh - 1) + 1:sh, c0:c0 + sw * (ow - 1) + 1:sw].add(cols[:, :, i, j])
     out = out[:, :, ph:ph + h, pw:pw + w].astype(self.dtype)
     return out if batched else out[0]
 
