@@ -88,6 +88,8 @@ def _contiguous(shape):
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
+    if self.device.type != "cpu":
+        _computed_first(self)
     if non_blocking and device is not None and torch.device(device).type == "cpu" \
             and layout in (None, torch.strided) and memory_format in (None, torch.preserve_format) \
             and self.layout == torch.strided and not (self.is_conj() or self.is_neg()):
@@ -101,6 +103,15 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         host = _to_copy_op.redispatch(_CPU, self, non_blocking=False, **kw)
         return _pin_memory(host)
     return _to_copy_op.redispatch(_CPU, self, non_blocking=non_blocking, **kw)
+
+
+def _computed_first(t) -> None:
+    """Compute a value still pending on the device before the host allocates its copy, so
+    that a failure there (the device out of memory) surfaces as itself and not as whatever
+    the host allocation of the result runs into first (CPU's allocator refusing 256 GiB)."""
+    from ..runtime import pending, storage
+
+    pending.concrete(storage.lookup(t), "host_read")
 
 
 def _to_host_async(self, dtype):
