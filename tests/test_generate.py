@@ -12,6 +12,18 @@ import torchtpu
 def _compiles():
     return torchtpu.metrics()["compiles"]
 
+def _tiny_llama(heads, kv_heads):
+    """A one-layer random Llama (seeded), an 8-token prompt, and greedy generate's arguments."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    return model, prompt, dict(do_sample=False, num_beams=1, pad_token_id=0)
+
+
 
 def _decode_loop(dev, steps, table):
     """A hand-written greedy loop: the next id is looked up from the last one."""
@@ -81,13 +93,8 @@ def test_growth_with_autograd_and_other_cats():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_hf_static_cache_compiles_nothing_per_token(mode):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
-    kw = dict(do_sample=False, num_beams=1, pad_token_id=0, cache_implementation="static")
+    model, prompt, kw = _tiny_llama(heads=2, kv_heads=1)
+    kw["cache_implementation"] = "static"
     m = copy.deepcopy(model).to("tpu")
     with torchtpu.eager_mode(mode):
         m.generate(prompt.to("tpu"), max_new_tokens=8, min_new_tokens=8, **kw)
@@ -106,13 +113,7 @@ def test_hf_dynamic_cache_compiles_per_bucket(mode):
     """Transformers' default DynamicCache grows K/V by torch.cat along dim 2 behind the heads:
     the cache becomes dynamic (eager/dynamism.py), so a longer run compiles per bucket of
     lengths, not per token; grouped-query heads reach the fused attention without repeat_kv."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
-    kw = dict(do_sample=False, num_beams=1, pad_token_id=0)
+    model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
     m = copy.deepcopy(model).to("tpu")
     with torchtpu.eager_mode(mode):
         c0 = _compiles()
@@ -248,13 +249,7 @@ def test_growth_within_a_bound_compiles_nothing_after_warm_up(mode):
 def test_hf_generate_within_a_bound_compiles_nothing_new(mode):
     """HF generate with the default DynamicCache under growth_bound(prompt + max_new_tokens):
     after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
-    kw = dict(do_sample=False, num_beams=1, pad_token_id=0)
+    model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
     m = copy.deepcopy(model).to("tpu")
     with torchtpu.eager_mode(mode), torchtpu.growth_bound(8 + 48):
         m.generate(prompt.to("tpu"), max_new_tokens=6, min_new_tokens=6, **kw)
