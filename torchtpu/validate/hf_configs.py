@@ -341,6 +341,9 @@ OVERRIDES: dict[str, dict] = {
     "mamba2": {"num_heads": 8},  # hidden_size * expand = num_heads * head_dim
     # sampling inside forward (torch.randn on the model's device): noise off, so both sides agree
     "vits": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
+    # its encode samples (sample=True by default) latents + vae_std * randn * randn on the model's
+    # device, and tpu's RNG is not bitwise CPU's: latents 3.2 apart with noise, 9e-11 without
+    "vibevoice_acoustic_tokenizer": {"vae_std": 0.0},
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
     "mimi_decoder": {"upsample_groups": 32},
