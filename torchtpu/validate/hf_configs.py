@@ -351,7 +351,11 @@ OVERRIDES: dict[str, dict] = {
     # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
     # the audio codes live at the top of the text vocabulary: keep it that large
     "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
-    "wavtokenizer": {"codebook_dim": 32},
+    # the codebook is zero-initialised upstream, so every code decodes to the same zero frame and the
+    # decoder's GroupNorm(32 groups, 32 channels) sees one constant channel per group: exact variance 0,
+    # output pure float32 rounding noise (CPU itself moves 3.5e-6 under an equivalent op order), which
+    # the next norms amplify to O(1). 8 groups of 4 channels (the real model: 24 of 768) normalise signal
+    "wavtokenizer": {"codebook_dim": 32, "decoder_attention_num_groups": 8},
     "dots3_note": {"vision_config.adapter_in_dim": 32, "audio_config.adapter_input_size": 32,
                    "vision_config.adapter_out_dim": 32, "audio_config.adapter_out_dim": 32},  # = the text width
     "gemma4_assistant": {"text_config.num_kv_shared_layers": 2},  # every layer reads the target's KV
