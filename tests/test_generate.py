@@ -90,6 +90,26 @@ def test_growth_with_autograd_and_other_cats():
     torch.testing.assert_close(mixed.cpu(), torch.tensor([[1.0, 2.0, 3.0, 0.5]]))
 
 
+@pytest.mark.parametrize("mode", [pytest.param("strict", marks=pytest.mark.slow), "defer_and_fuse"])
+def test_views_merging_a_grown_dim_as_on_cpu(mode):
+    """Ids of batch 2 grow padded to a bucket (eager/dynamism.py), and so do the ops' results
+    over them; a model with no KV cache (openai-gpt's Conv1D, xglm's positions) views them
+    merging the grown dim with the batch, as CPU's contiguous tensors allow."""
+    table = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for dev in ("cpu", "tpu"):
+        with torchtpu.eager_mode(mode):
+            ids, t, got = torch.tensor([[3, 1], [4, 1]], device=dev), table.to(dev), []
+            for _ in range(4):
+                x = t[ids] * 2                   # (2, n, 4), padded along n on tpu
+                flat = x.view(-1, x.size(-1))    # merges batch and n
+                nxt = ids.view(-1)[-2:].view(2, 1) % 7 + flat.sum().long() % 5
+                ids = torch.cat([ids, nxt], 1)
+                got.append(flat.cpu())
+        out[dev] = (ids.cpu(), got)
+    torch.testing.assert_close(out["tpu"], out["cpu"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_hf_static_cache_compiles_nothing_per_token(mode):

@@ -298,6 +298,27 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
 
 
 growth.grow_dynamic = _grow
+
+
+def unpad_for_view(t: torch.Tensor) -> bool:
+    """Re-home `t`, a growth's padded tensor (not a mark_dynamic one), into a contiguous
+    buffer of its true sizes, in place, so that a view CPU allows of its contiguous tensor
+    (merging the grown dim with the dims before it: `ids.view(-1)`, `x.view(-1, x.size(-1))`)
+    works here too; a bucket's strides make such a view impossible. Only a tensor no view
+    shares a storage with (their writes would no longer reach it). Returns whether it moved;
+    the tensor is no longer dynamic (the ops over it run on its true sizes)."""
+    f = _find(t)
+    if f is None or f[1].strict or t.storage_offset() != 0:
+        return False
+    if _use_count(t.untyped_storage()._cdata) > _ALONE:
+        return False
+    with torch.no_grad():
+        c = t.clone(memory_format=torch.contiguous_format)
+    if _find(c) is not None or not c.is_contiguous():
+        return False
+    tensors.set_geometry(t, c.untyped_storage(), tuple(t.shape), c.stride(), 0)
+    bump("unpadded_for_view")
+    return True
 growth.on_grown = _auto
 
 

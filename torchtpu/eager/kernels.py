@@ -16,7 +16,7 @@ import torch
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
 from ..runtime import geometry, inflight, pinned, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
-from . import argcheck, composites, fallback  # noqa: F401  (composites fills KERNELS)
+from . import argcheck, composites, dynamism, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
 from .memory_format import dense_strides
 
@@ -340,7 +340,13 @@ _reshape_alias_op = torch.ops.aten._reshape_alias.default
 
 
 def view(self, size):
-    return _view.redispatch(tensors.META, self, size)
+    try:
+        return _view.redispatch(tensors.META, self, size)
+    except RuntimeError:
+        # a growth's padded tensor has its bucket's strides where CPU's is contiguous
+        if not dynamism.unpad_for_view(self):
+            raise
+        return _view.redispatch(tensors.META, self, size)
 
 
 def _reshape_alias(self, size, stride):
