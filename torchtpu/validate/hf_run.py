@@ -259,10 +259,15 @@ def _gen_inputs(model, inputs) -> dict:
     kw = {k: v for k, v in inputs.items() if not k.startswith("decoder_")}
     if "attention_mask" in kw:
         kw["attention_mask"] = torch.ones_like(kw["attention_mask"])
-    kw.update(max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8)
+    # num_return_sequences stated: MusicGen's own generate expands by it, None unless set
+    kw.update(max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=8, num_return_sequences=1)
     gc = model.generation_config
     if model.config.is_encoder_decoder and gc.decoder_start_token_id is None and gc.bos_token_id is None:
         kw["decoder_start_token_id"] = gc.pad_token_id or 0  # T5-style: the decoder starts at pad
+    if hasattr(model, "build_delay_pattern_mask") and gc.decoder_start_token_id is None:
+        # MusicGen's decoder pads its codebooks' delay pattern with the decoder start token,
+        # which its checkpoints' generation_config sets (to pad) and a tiny config lacks
+        kw["decoder_start_token_id"] = gc.pad_token_id if gc.pad_token_id is not None else gc.bos_token_id or 0
     if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
