@@ -61,7 +61,7 @@ INTERMEDIATE_KEYS = {
     "decoder_intermediate_size", "encoder_intermediate_size", "mlp_dim", "d_inner", "inner_dim",
     "intermediate_size_mlp", "n_inner", "text_intermediate_size", "vision_intermediate_size",
 }
-VOCAB_KEYS = {"vocab_size", "n_vocab", "text_vocab_size"}
+VOCAB_KEYS = {"vocab_size", "n_vocab", "text_vocab_size", "unpadded_vocab_size"}
 POSITION_KEYS = {"max_position_embeddings", "n_positions", "n_ctx", "max_target_positions",
                  "max_seq_len", "max_sequence_length", "seq_length", "block_size", "max_seq_length",
                  "max_text_positions", "context_length", "text_max_position_embeddings"}
