@@ -425,6 +425,8 @@ OVERRIDES: dict[str, dict] = {
     "neomme": {"head_dim": 16},
     # Mamba2 groups divide the (tiny) head count; state and shared-expert widths have no generic key
     "nemotron_h": {"n_groups": 2, "ssm_state_size": 16, "moe_shared_expert_intermediate_size": 64},
+    "nemotron_h_omni": {"text_config.n_groups": 2, "text_config.ssm_state_size": 16,  # its LM is a nemotron_h
+                        "text_config.moe_shared_expert_intermediate_size": 64},
     # the quantizer reads acoustic + semantic hidden states concatenated (as xcodec2): 32 + 32
     "neucodec": {"quantization_dim": 64},
     # task prompts of task_seq_len tokens through a CLIP-style text encoder
