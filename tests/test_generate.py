@@ -301,3 +301,62 @@ def test_symbolic_graph_past_its_fourth_size_compiles_fast():
     m = torchtpu.metrics()
     assert m["compile_graphs"] - graphs == 7  # one program per length ...
     assert m["fast_compiles"] - fast == 3  # ... the 5th to 7th unoptimized
+
+
+def _compiled_decode(dev, steps, compile_fn):
+    """A hand-written decode loop whose step (append to a K/V cache, attend over it) is
+    compiled: the cache grows one position per call."""
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, 5, 8, generator=g).to(dev)
+    v = torch.randn(1, 2, 5, 8, generator=g).to(dev)
+    news = torch.randn(steps, 3, 1, 2, 1, 8, generator=g)
+
+    def step(k, v, q, nk, nv):
+        k = torch.cat([k, nk], dim=2)
+        v = torch.cat([v, nv], dim=2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return k, v, out * k.shape[2]
+
+    fn = compile_fn(step)
+    outs = []
+    for i in range(steps):
+        q, nk, nv = (x.to(dev) for x in news[i])
+        k, v, out = fn(k, v, q, nk, nv)
+        outs.append(out.cpu())
+    return torch.stack(outs), k.cpu(), v.cpu()
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_compiles_per_bucket():
+    """torch.compile(backend="tpu") of a step that appends to its inputs by cat and returns
+    them: once Dynamo makes the length symbolic, the graph runs through the deferred
+    executor, whose growth rules keep one program per bucket of lengths, not one per token."""
+    torch._dynamo.reset()
+    torchtpu.clear_caches()
+    ref = _compiled_decode("cpu", 40, lambda f: f)
+    c = torchtpu.metrics().get("compiles", 0)
+    out = _compiled_decode("tpu", 40, lambda f: torch.compile(f, backend="tpu"))
+    new = torchtpu.metrics()["compiles"] - c
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b)
+    assert torchtpu.metrics().get("deferred_graph_calls", 0) > 0
+    # lengths 6..45: the first call's static graph, then a program per bucket (16, 32, 64)
+    assert new <= 8, new
+
+
+@pytest.mark.slow
+def test_hf_generate_with_a_compiled_forward_compiles_per_bucket():
+    """HF generate with the default DynamicCache and a forward compiled with backend="tpu":
+    a longer run after a short one compiles per bucket of lengths, not per token; tokens
+    equal CPU's."""
+    model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
+    torch._dynamo.reset()
+    m = copy.deepcopy(model).to("tpu")
+    m.forward = torch.compile(m.forward, backend="tpu")
+    m.generate(prompt.to("tpu"), max_new_tokens=16, min_new_tokens=16, **kw)
+    before = _compiles()
+    out = m.generate(prompt.to("tpu"), max_new_tokens=56, min_new_tokens=56, **kw).cpu()
+    new = _compiles() - before
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=56, min_new_tokens=56, **kw))
+    # lengths 25..64 cross the edges of 32 and 64: a few programs each, not 40
+    assert new <= 12, new

@@ -25,11 +25,13 @@ from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
+from ..eager import dynamism as _dynamism
 from ..eager import memory_format
 from ..eager.op_program import FAST_AFTER
 from ..eager.op_program import fast_options
 from . import collectives
 from . import graph as _graph
+
 
 _NUMBERS = (bool, int, float)
 
@@ -131,6 +133,14 @@ class CompiledGraph:
                     first[n] = pos
         self._jits: dict = {}
         self._lock = threading.Lock()
+        # A graph over sizes Dynamo made symbolic that appends to an input and returns it
+        # (a decode step over a cache growing each token), or that gets an input with a
+        # dynamic dim, runs through the deferred executor: its growth and dynamism rules
+        # keep one program per bucket of sizes (eager/growth.py, eager/dynamism.py), where
+        # a jitted graph is one program per size. Other symbolic graphs jit per size.
+        self.gm = gm
+        self.symbolic = any(_symbolic(n.meta.get("val")) for n in placeholders)
+        self.grown = _grown_inputs(gm) if self.symbolic else ()
 
     def _make(self, sig, donate):
         """The jitted program for one input signature, and what its trace learns
@@ -187,6 +197,24 @@ class CompiledGraph:
         fast = {"compiler_options": fast_options()} if self._reshaped(sig) else {}
         return jax.jit(run, donate_argnums=(0,) if donate else (), **fast), learned
 
+    def _deferred(self, args) -> list:
+        """Run the graph's ATen ops through the deferred executor: they record into one
+        region, run as one program per bucket of the growing sizes."""
+        from ..eager import growth, modes
+
+        bump("deferred_graph_calls")
+        for i in self.grown:
+            # appended to from this call on (growth starts at a cat's output otherwise,
+            # one program later, and again for every graph that hands it over)
+            a = args[i]
+            entry = storage._table.get(a.untyped_storage()._cdata) if a.device.type == "tpu" else None
+            if entry is not None:
+                growth.mark_grown(entry)
+        with modes.mode("defer_and_fuse"):
+            outs = self.gm(*args)
+        args.clear()
+        return list(outs)
+
     def _reshaped(self, sig) -> bool:
         """Whether this signature compiles without XLA's optimizations: a graph over sizes
         Dynamo made symbolic (a decode step over a DynamicCache that grows each token) is
@@ -211,6 +239,8 @@ class CompiledGraph:
         args = list(args)
         host = self.program.host
         sig, bufs, entries, offsets = _signature(args, host.host_only if host is not None else frozenset())
+        if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
+            return self._deferred(args)  # (before the host part, which may write CPU inputs)
         # a view's nonzero offset rides as a runtime value: one program for every offset
         offsets = np.asarray(offsets, np.int64) if offsets else ()
         host_values = ()
@@ -302,6 +332,33 @@ class CompiledGraph:
             _flagged(learned["checks"], flags, [(entries[i], new) for i, new in written.items()],
                      [r for pos, r in enumerate(results) if pos not in reuse])
         return results
+
+
+def _grown_inputs(gm) -> tuple:
+    """Positions of the graph inputs it appends to by cat along a symbolic dim and returns
+    (a KV cache, token ids): what it gets next call is that output, one step longer."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = set(a for a in out.args[0] if isinstance(a, torch.fx.Node))
+    grown = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not torch.ops.aten.cat.default or n not in returned:
+            continue
+        first = n.args[0][0] if n.args[0] else None
+        if not isinstance(first, torch.fx.Node) or first.op != "placeholder":
+            continue
+        val = first.meta.get("val")
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        if isinstance(val, torch.Tensor) and val.dim() and isinstance(val.shape[dim % val.dim()], torch.SymInt):
+            grown.append(placeholders.index(first))
+    return tuple(grown)
+
+
+def _symbolic(val) -> bool:
+    """Whether a graph input's fake value has a size Dynamo made symbolic."""
+    if isinstance(val, torch.SymInt):
+        return True
+    return isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape)
 
 
 def _flagged(declared, flags, writes, results) -> None:

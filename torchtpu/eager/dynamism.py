@@ -124,6 +124,11 @@ def get_dynamism(t: torch.Tensor) -> dict:
 
 
 
+def any_dynamic(values) -> bool:
+    """Whether one of `values` is a tensor with a dynamic dim (cheap while none exists)."""
+    return bool(_marked) and any(isinstance(v, torch.Tensor) and _find(v) is not None for v in values)
+
+
 def _scan(args, kwargs):
     found = {}
     for p in rules.tensor_paths(args, kwargs):

@@ -7,9 +7,10 @@ executable per KV-cache length while decoding), and about twice that in backward
 Here it is served at the autograd key by one forward and one backward op: the CPU
 flash-attention pair `_scaled_dot_product_flash_attention_for_cpu(_backward)`, whose
 derivative formula PyTorch already has, lowered below to one XLA program each.
-Calls this pair cannot express (dropout, grouped-query heads, a mask that needs a
-gradient, tensor subclasses such as the fake tensors torch.compile traces with) take
-PyTorch's own composite, exactly as before.
+torch.compile's traces (fake and functional tensors) get the same pair: a compiled graph
+holds one attention op, whose lowering and dynamism rule are eager's. Calls this pair
+cannot express (dropout, a mask that needs a gradient, grouped-query heads with a mask,
+tensor subclasses such as DTensor) take PyTorch's own composite, exactly as before.
 """
 from __future__ import annotations
 
@@ -98,12 +99,21 @@ def sdpa_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_cau
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+# The tensors torch.compile traces with: the fused op has PyTorch's fake kernel and
+# derivative, so a compiled graph gets one attention op (and one in backward), not the
+# math path's expand, clone, bmm and softmax, whose copy of a growing KV cache would
+# run on its true sizes (one program per length). Other subclasses take the composite.
+_TRACING = ("FakeTensor", "FunctionalTensor")
+
+
+def _plain(t) -> bool:
+    return type(t) is torch.Tensor or type(t).__name__ in _TRACING
 
 
 def _fusable(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-    if any(type(t) is not torch.Tensor for t in tensors):
-        return False  # fake/functional tensors of a torch.compile trace, DTensor, ...
+    if not all(_plain(t) for t in tensors):
+        return False  # DTensor and other subclasses
     if dropout_p or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return False
     if not (query.dtype == key.dtype == value.dtype) or not query.dtype.is_floating_point:
@@ -117,7 +127,7 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
 
 
 def _packable_gqa(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
-    if attn_mask is not None or is_causal or dropout_p or type(query) is not torch.Tensor:
+    if attn_mask is not None or is_causal or dropout_p or not _plain(query):
         return False
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return False
