@@ -413,8 +413,11 @@ OVERRIDES: dict[str, dict] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},  # None: a checkpoint sets it
     "lilt": {"hidden_size": 48},  # six box embeddings of hidden // 6 each are concatenated back to hidden
     # widths and query counts without a generic key
+    # at 32 px the last Swin stage is 1x1, so each GroupNorm(32, 32) group of its input projection holds one
+    # element: float64 gives 3e-14, float32 rounding noise (CPU 1.1e-5), which the pixel decoder's LayerNorms
+    # amplify to 2e-4 (CPU float32 1.6e-4 from float64, tpu 1.1e-6); at 64 px that stage is 2x2
     "mask2former": {**_SWIN_4_STAGES, "feature_size": 32, "mask_feature_size": 32, "encoder_feedforward_dim": 64,
-                    "dim_feedforward": 64, "num_queries": 8},
+                    "dim_feedforward": 64, "num_queries": 8, "image_size": 64},
     "maskformer": {**_SWIN_4_STAGES, "fpn_feature_size": 32, "mask_feature_size": 32, "decoder_config.num_queries": 8},
     # the window-attention merger runs after layer insert_layer_id (6): after the first of the two
     "minicpm_ocr_vision": {"insert_layer_id": 0},
