@@ -187,6 +187,23 @@ def test_graph_break_runs_the_rest_eagerly():
     assert torchtpu.metrics()["dynamo_graphs"] == 2
 
 
+def test_host_tensor_moved_to_tpu_in_a_frame_dynamo_gave_up_on():
+    # a graph break inside the loop makes Dynamo run the whole frame eagerly under its frame
+    # hook; torch.tensor(list, device="tpu") then copies host data in through jax.device_put,
+    # whose generated dataclass __init__ Dynamo must not try to trace (exaone4_5_vision's
+    # get_vision_window_index, chameleon)
+    def f(g):
+        out = [0]
+        for (a,) in g.tolist():
+            out.extend(torch.arange(a).cumsum(0).tolist())
+        return torch.tensor(out, device=g.device, dtype=torch.int32) * 2
+
+    g = torch.tensor([[3]])
+    got = torch.compile(f, backend="tpu")(tpu(g))
+    assert got.device.type == "tpu"
+    close(got, f(g))
+
+
 def test_input_mutation_is_written_back():
     def f(a, b):
         a.add_(b)

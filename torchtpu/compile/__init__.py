@@ -30,12 +30,65 @@ def _skip_our_frames() -> None:
     from torch._dynamo import trace_rules
 
     # not torchtpu as a whole: its benchmark models are user code Dynamo must trace
-    for name in ("torchtpu.eager", "torchtpu.ops", "torchtpu.runtime", "torchtpu.compile",
-                 "torchtpu.device", "torchtpu.metrics", "jax", "jaxlib"):
+    for name in (*_OUR_PACKAGES, "jax", "jaxlib"):
         trace_rules.add(name)
+    _skip_below_our_frames()
     from . import fake_layout
 
     fake_layout.install()  # before Dynamo's first trace: tpu convolutions' fake layouts as CPU's
+
+
+_OUR_PACKAGES = ("torchtpu.eager", "torchtpu.ops", "torchtpu.runtime", "torchtpu.compile",
+                  "torchtpu.device", "torchtpu.metrics")
+_skipped_modules: set[str] = set()
+
+
+def _skip_below_our_frames() -> None:
+    """Keep Dynamo's frame hook off everything our code calls, not just our own frames.
+    trace_rules skips a frame but still hands the frames it calls to Dynamo; JAX builds
+    some code at run time (dataclass __init__s, file "<string>"), which no skip rule
+    names, so a kernel of ours running after a graph break (torch.tensor(list,
+    device="tpu") -> jax.device_put) had Dynamo trace JAX's _DeferredShardArg.__init__,
+    and wrapping its numpy argument as a fake tensor inside our dispatcher kernel fails
+    (fake tensors' no_dispatch AssertionError: exaone4_5_vision, chameleon). A recursive
+    skip on each code object of our packages runs what they call as plain Python.
+    Modules imported later are marked on the next call (backend() calls this per graph)."""
+    import sys
+
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    seen: set[int] = set()
+
+    def mark(code) -> None:
+        if id(code) in seen:
+            return
+        seen.add(id(code))
+        set_code_exec_strategy(code, skip)
+        for c in code.co_consts:  # nested functions: the kernels our factories build
+            if isinstance(c, type(code)):
+                mark(c)
+
+    def functions(owner, name: str):
+        seen.add(id(owner))
+        for v in list(vars(owner).values()):
+            if isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            elif isinstance(v, property):
+                yield from (f for f in (v.fget, v.fset, v.fdel) if f is not None)
+                continue
+            if isinstance(v, type) and v.__module__ == name and id(v) not in seen:
+                yield from functions(v, name)
+            elif getattr(v, "__module__", None) == name and hasattr(v, "__code__"):
+                yield v
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or name in _skipped_modules or not name.startswith(_OUR_PACKAGES):
+            continue
+        _skipped_modules.add(name)
+        for fn in functions(mod, name):
+            mark(fn.__code__)
 
 
 class _OnDynamoImport:
@@ -108,6 +161,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> Callable:
                  if config.read("partitioner") == "min_cut" else default_partition)
 
     bump("dynamo_graphs")
+    _skip_below_our_frames()  # modules imported since the last graph
     inner = aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
