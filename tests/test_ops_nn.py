@@ -150,12 +150,30 @@ AVGPOOL_CASES = [
     ((2, 3, 7, 9), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
     ((1, 2, 6, 7), dict(kernel_size=(3, 2), stride=(2, 3), padding=(1, 1), divisor_override=4)),
     ((3, 5, 5), dict(kernel_size=2, ceil_mode=True, count_include_pad=False)),
+    # kernels past the input's end (efficientnet's AvgPool2d(hidden_dim, ceil_mode=True))
+    ((2, 3, 8, 8), dict(kernel_size=64, ceil_mode=True)),
+    ((1, 2, 3, 3), dict(kernel_size=8, stride=2, padding=4, ceil_mode=True)),
+    ((1, 2, 3, 3), dict(kernel_size=8, stride=2, padding=4, ceil_mode=True, count_include_pad=False)),
 ]
 
 
 @pytest.mark.parametrize("xs,kw", AVGPOOL_CASES)
 def test_avg_pool2d(no_fallback, xs, kw):
     run(lambda x: F.avg_pool2d(x, **kw), rnd(*xs))
+
+
+def test_avg_pool_kernel_past_the_input_pads_no_more_than_the_data():
+    # a 2560-wide kernel on an 8x8 map padded every plane to 2560x2560 zeros, which a
+    # compiled graph materialized (efficientnet under torch.compile: 11 GB, then OOM)
+    import jax
+    import jax.numpy as jnp
+
+    from torchtpu.ops.nn import avg_pool2d
+
+    x = jnp.ones((2, 4, 8, 8), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda a: avg_pool2d(a, (2560, 2560), (), 0, True))(x)
+    biggest = max(v.aval.size for e in jaxpr.jaxpr.eqns for v in e.outvars)
+    assert biggest <= x.size
 
 
 def test_avg_pool_1d_3d_and_dtypes(no_fallback):

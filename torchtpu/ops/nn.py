@@ -372,11 +372,17 @@ def _avg_pool(self, nsp, kernel_size, stride, padding, ceil_mode, count_include_
     if self.size == 0 or math.prod(outs) == 0:
         return jnp.zeros(self.shape[:nl] + tuple(outs), dt)
     x = self.astype(ct)
+    # A window never needs to reach past the data's end: every window starts at or after
+    # the left pad, so one of length p + size already covers all the data it can. A kernel
+    # bigger than the input (efficientnet's AvgPool2d(hidden_dim=2560, ceil_mode=True) on
+    # an 8x8 map) would otherwise pad each plane to 2560x2560 zeros, which a fused program
+    # materializes (GBs for a tiny model). The divisor below still uses the true kernel.
+    reach = tuple(min(k, p + sz) for k, p, sz in zip(kernel_size, padding, sizes))
     cfg = [(0, 0, 0)] * nl + [
-        (p, (o - 1) * s + k - sz - p, 0) for sz, o, k, s, p in zip(sizes, outs, kernel_size, stride, padding)
+        (p, (o - 1) * s + k - sz - p, 0) for sz, o, k, s, p in zip(sizes, outs, reach, stride, padding)
     ]
     x = lax.pad(x, np.zeros((), ct), cfg)
-    summed = lax.reduce_window(x, np.zeros((), ct), lax.add, (1,) * nl + kernel_size, (1,) * nl + stride, "VALID")
+    summed = lax.reduce_window(x, np.zeros((), ct), lax.add, (1,) * nl + reach, (1,) * nl + stride, "VALID")
     if divisor_override:
         div = np.asarray(divisor_override)
     else:
