@@ -40,6 +40,20 @@ def test_defer_records_then_materializes_on_host_read(defer):
     assert m["regions_executed"] == 1 and m["materialize:host_read"] == 1
 
 
+def test_device_dtype_conversions_stay_in_the_region(defer):
+    """.to(dtype) and .float() on tpu are ops of the region, not host reads: only the
+    copy to the host computes it (a flush per conversion cut greedy decoding's step in
+    three regions, each recompiled at every bucket edge)."""
+    x = torch.randn(6, generator=torch.Generator().manual_seed(0))
+    t = x.to("tpu")
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    y = ((t * 3).to(torch.int32) + 1).float().to(torch.float64).sum()
+    assert torchtpu.metrics()["executions"] == 0
+    assert y.cpu().item() == (((x * 3).to(torch.int32) + 1).float().to(torch.float64).sum()).item()
+    assert torchtpu.metrics()["regions_executed"] == 1
+
+
 @pytest.mark.parametrize("trigger", ["item", "tolist", "print", "bool", "synchronize"])
 def test_materialization_triggers(defer, trigger):
     t = torch.ones(3, device="tpu") * 2

@@ -88,16 +88,17 @@ def _contiguous(shape):
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     kw = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory, memory_format=memory_format)
-    if self.device.type != "cpu":
+    to_host = device is not None and torch.device(device).type == "cpu"
+    if to_host and self.device.type != "cpu":
+        # (only to the host: a tpu->tpu conversion, .to(dtype), stays in its deferred region)
         _computed_first(self)
-    if non_blocking and device is not None and torch.device(device).type == "cpu" \
+    if non_blocking and to_host \
             and layout in (None, torch.strided) and memory_format in (None, torch.preserve_format) \
             and self.layout == torch.strided and not (self.is_conj() or self.is_neg()):
         out = _to_host_async(self, dtype or self.dtype)
         if out is not None:
             return out
-    if (non_blocking or pin_memory) and device is not None and torch.device(device).type == "cpu" \
-            and layout in (None, torch.strided):
+    if (non_blocking or pin_memory) and to_host and layout in (None, torch.strided):
         # CUDA gives a pinned result for a non-blocking device->host copy.
         kw["pin_memory"] = None
         host = _to_copy_op.redispatch(_CPU, self, non_blocking=False, **kw)
