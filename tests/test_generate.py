@@ -360,3 +360,22 @@ def test_hf_generate_with_a_compiled_forward_compiles_per_bucket():
     assert torch.equal(out, model.generate(prompt, max_new_tokens=56, min_new_tokens=56, **kw))
     # lengths 25..64 cross the edges of 32 and 64: a few programs each, not 40
     assert new <= 12, new
+
+
+@pytest.mark.slow
+def test_hf_generate_compiled_within_a_bound_compiles_nothing_new():
+    """A forward compiled with dynamic=True under growth_bound(prompt + max_new_tokens):
+    after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's.
+    (Default torch.compile serves the first decode step from a static graph in the first
+    generate and from the symbolic one afterwards: one program more, once.)"""
+    model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
+    torch._dynamo.reset()
+    m = copy.deepcopy(model).to("tpu")
+    m.forward = torch.compile(m.forward, backend="tpu", dynamic=True)
+    with torchtpu.growth_bound(8 + 48):
+        m.generate(prompt.to("tpu"), max_new_tokens=6, min_new_tokens=6, **kw)
+        before = _compiles()
+        out = m.generate(prompt.to("tpu"), max_new_tokens=48, min_new_tokens=48, **kw).cpu()
+        new = _compiles() - before
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=48, min_new_tokens=48, **kw))
+    assert new == 0, new
