@@ -32,7 +32,6 @@ from ..eager.op_program import fast_options
 from . import collectives
 from . import graph as _graph
 
-
 _NUMBERS = (bool, int, float)
 
 
@@ -237,10 +236,10 @@ class CompiledGraph:
 
     def __call__(self, args):
         args = list(args)
+        if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
+            return self._deferred(args)
         host = self.program.host
         sig, bufs, entries, offsets = _signature(args, host.host_only if host is not None else frozenset())
-        if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
-            return self._deferred(args)  # (before the host part, which may write CPU inputs)
         # a view's nonzero offset rides as a runtime value: one program for every offset
         offsets = np.asarray(offsets, np.int64) if offsets else ()
         host_values = ()
