@@ -265,13 +265,19 @@ def test_growth_within_a_bound_compiles_nothing_after_warm_up(mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
 def test_hf_generate_within_a_bound_compiles_nothing_new(mode):
     """HF generate with the default DynamicCache under growth_bound(prompt + max_new_tokens):
-    after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's."""
+    after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's.
+    compile: a forward compiled with dynamic=True (default torch.compile serves the first
+    decode step from a static graph in the first generate and from the symbolic one
+    afterwards: one program more, once)."""
     model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
     m = copy.deepcopy(model).to("tpu")
-    with torchtpu.eager_mode(mode), torchtpu.growth_bound(8 + 48):
+    if mode == "compile":
+        torch._dynamo.reset()
+        m.forward = torch.compile(m.forward, backend="tpu", dynamic=True)
+    with torchtpu.eager_mode("strict" if mode == "compile" else mode), torchtpu.growth_bound(8 + 48):
         m.generate(prompt.to("tpu"), max_new_tokens=6, min_new_tokens=6, **kw)
         before = _compiles()
         out = m.generate(prompt.to("tpu"), max_new_tokens=48, min_new_tokens=48, **kw).cpu()
@@ -360,22 +366,3 @@ def test_hf_generate_with_a_compiled_forward_compiles_per_bucket():
     assert torch.equal(out, model.generate(prompt, max_new_tokens=56, min_new_tokens=56, **kw))
     # lengths 25..64 cross the edges of 32 and 64: a few programs each, not 40
     assert new <= 12, new
-
-
-@pytest.mark.slow
-def test_hf_generate_compiled_within_a_bound_compiles_nothing_new():
-    """A forward compiled with dynamic=True under growth_bound(prompt + max_new_tokens):
-    after a short warm-up, a longer generate compiles nothing new; tokens equal CPU's.
-    (Default torch.compile serves the first decode step from a static graph in the first
-    generate and from the symbolic one afterwards: one program more, once.)"""
-    model, prompt, kw = _tiny_llama(heads=4, kv_heads=2)
-    torch._dynamo.reset()
-    m = copy.deepcopy(model).to("tpu")
-    m.forward = torch.compile(m.forward, backend="tpu", dynamic=True)
-    with torchtpu.growth_bound(8 + 48):
-        m.generate(prompt.to("tpu"), max_new_tokens=6, min_new_tokens=6, **kw)
-        before = _compiles()
-        out = m.generate(prompt.to("tpu"), max_new_tokens=48, min_new_tokens=48, **kw).cpu()
-        new = _compiles() - before
-    assert torch.equal(out, model.generate(prompt, max_new_tokens=48, min_new_tokens=48, **kw))
-    assert new == 0, new
