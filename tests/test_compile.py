@@ -204,6 +204,18 @@ def test_host_tensor_moved_to_tpu_in_a_frame_dynamo_gave_up_on():
     close(got, f(g))
 
 
+def test_randn_in_a_graph_draws_on_tpu(no_fallback):
+    # aten.randn decomposed to prims.normal, which ran on CPU (reformer's LSH rotations)
+    f = torch.compile(lambda x: x + torch.randn((64, 128), device=x.device, dtype=x.dtype), backend="tpu")
+    x = torch.zeros(64, 128)
+    got = f(tpu(x))
+    ref = x + torch.randn((64, 128))  # CPU's shape and dtype; the draw itself differs
+    assert got.device.type == "tpu" and got.shape == ref.shape and got.dtype == ref.dtype
+    got = got.cpu()
+    assert abs(got.mean().item()) < 0.05 and abs(got.std().item() - 1) < 0.05
+    assert not torch.equal(got, f(tpu(x)).cpu())
+
+
 def test_input_mutation_is_written_back():
     def f(a, b):
         a.add_(b)

@@ -31,4 +31,12 @@ def table() -> dict:
         if op in graph.SPECIAL or graph.is_view(op):
             continue
         out[op] = fn
+    # PyTorch's randn decomposes to prims.normal, which no lowering serves (the graph ran it
+    # on CPU: reformer's LSH rotations); normal.float_float is the same draw, lowered.
+    out[torch.ops.aten.randn.default] = _randn
     return out
+
+
+def _randn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.ops.aten.normal.float_float(0.0, 1.0, size, dtype=dtype, layout=layout, device=device,
+                                             pin_memory=pin_memory)
