@@ -204,6 +204,20 @@ def test_host_tensor_moved_to_tpu_in_a_frame_dynamo_gave_up_on():
     close(got, f(g))
 
 
+def test_view_at_an_offset_beside_a_host_only_part():
+    # a tpu input read at a runtime offset in a graph whose host part hands the program no
+    # values (its CPU result is an output only): the empty host layout is not an input
+    # (inkling2_vision's interpolation indices on CPU beside a sliced tpu tensor)
+    def f(x, c):
+        return x * 2, c + 1
+
+    base, c = torch.arange(12.).reshape(3, 4), torch.tensor([1.0, 2.0])
+    got, host = torch.compile(f, backend="tpu")(tpu(base)[1:], c)
+    ref, ref_host = f(base[1:], c)
+    close(got, ref)
+    assert host.device.type == "cpu" and torch.equal(host, ref_host)
+
+
 def test_randn_in_a_graph_draws_on_tpu(no_fallback):
     # aten.randn decomposed to prims.normal, which ran on CPU (reformer's LSH rotations)
     f = torch.compile(lambda x: x + torch.randn((64, 128), device=x.device, dtype=x.dtype), backend="tpu")

@@ -155,7 +155,7 @@ class CompiledGraph:
             inputs = []
             # input position -> its offset where that is a runtime value (the leaf's is None)
             ofs = iter(range(len(offsets)))
-            at = {i: offsets[next(ofs)] for i, s in enumerate(sig) if s[0] == "tpu" and s[3].offset is None}
+            at = {i: offsets[next(ofs)] for i, s in enumerate(sig) if s[:1] == ("tpu",) and s[3].offset is None}
             for i, (s, b) in enumerate(zip(sig, bufs)):
                 if s[0] == "tpu":
                     inputs.append(leaf.read(bufs, s[3], at.get(i)))
@@ -219,7 +219,7 @@ class CompiledGraph:
         Dynamo made symbolic (a decode step over a DynamicCache that grows each token) is
         specialized per size, each program run about once; past the graph's FAST_AFTER-th
         such program they compile at -O0, as eager ops past their FAST_AFTER-th shape do."""
-        if len(self._jits) < FAST_AFTER or not any(s[0] == "number" for s in sig):
+        if len(self._jits) < FAST_AFTER or not any(s[:1] == ("number",) for s in sig):
             return False
         bump("fast_compiles")
         return True
