@@ -133,3 +133,22 @@ def test_sdpa_mask_dtypes_follow_pytorchs_rules():
     for bad in (m.half(), m.long()):
         with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float"):
             F.scaled_dot_product_attention(tq, tq, tq, attn_mask=bad.to("tpu"))
+
+
+@pytest.mark.slow
+def test_compiled_sdpa_is_one_op_and_keeps_a_narrower_value_head():
+    """torch.compile traces sdpa into the fused op (one attention op in the graph), except
+    where PyTorch's fake kernel would give the output the query's head dim: an MLA value
+    narrower than query and key takes the composite, so the shape the next traced op sees
+    is right (sarvam_mla's o_proj)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 5, 64, generator=g), torch.randn(1, 4, 5, 64, generator=g)
+    w = torch.randn(256, 3, generator=g)
+    for v in (torch.randn(1, 4, 5, 64, generator=g), torch.randn(1, 4, 5, 32, generator=g)):
+        def f(q, k, v, w):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return out.transpose(1, 2).reshape(1, 5, -1) @ w[:out.shape[1] * out.shape[-1]]
+
+        torch._dynamo.reset()
+        got = torch.compile(f, backend="tpu")(*(t.to("tpu") for t in (q, k, v, w)))
+        torch.testing.assert_close(got.cpu(), f(q, k, v, w), atol=1e-5, rtol=1e-5)

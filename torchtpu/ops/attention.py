@@ -120,6 +120,8 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
         return False  # the composite raises PyTorch's own error
     if query.shape[1] != key.shape[1] or key.shape[1] != value.shape[1] or query.shape[-1] != key.shape[-1]:
         return False  # grouped-query heads (enable_gqa) and bad shapes: the composite
+    if value.shape[-1] != query.shape[-1] and type(query) is not torch.Tensor:
+        return False  # PyTorch's fake kernel gives the output query's head dim (MLA's value is narrower)
     if attn_mask is not None and (is_causal or attn_mask.requires_grad or attn_mask.dim() > 4
                                   or attn_mask.dtype not in (torch.bool, query.dtype)):
         return False  # (a mask of another float dtype: the composite's rules, or its error)
