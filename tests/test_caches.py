@@ -115,6 +115,7 @@ NOT_CACHES = {
     "_contexts": "distributed/fused.py: one per live process group (holds its agreement state)",
     "_ops": "distributed/fused.py: one per collective kind",
     "_graph_lowering": "eager/control_flow.py: the hook compile/ installs (two entries)",
+    "_skipped_modules": "compile/__init__.py: our modules whose code Dynamo skips, bounded by the package's modules",
 }
 
 
