@@ -137,9 +137,9 @@ class CompiledGraph:
         # dynamic dim, runs through the deferred executor: its growth and dynamism rules
         # keep one program per bucket of sizes (eager/growth.py, eager/dynamism.py), where
         # a jitted graph is one program per size. Other symbolic graphs jit per size.
-        self.gm = gm
         self.symbolic = any(_symbolic(n.meta.get("val")) for n in placeholders)
-        self.grown = _grown_inputs(gm) if self.symbolic else ()
+        self.grown = _grown_inputs(gm, placeholders) if self.symbolic else ()
+        self.gm = gm if self.symbolic else None  # (what the deferred route runs)
 
     def _make(self, sig, donate):
         """The jitted program for one input signature, and what its trace learns
@@ -216,9 +216,9 @@ class CompiledGraph:
 
     def _reshaped(self, sig) -> bool:
         """Whether this signature compiles without XLA's optimizations: a graph over sizes
-        Dynamo made symbolic (a decode step over a DynamicCache that grows each token) is
-        specialized per size, each program run about once; past the graph's FAST_AFTER-th
-        such program they compile at -O0, as eager ops past their FAST_AFTER-th shape do."""
+        Dynamo made symbolic (and growing none of its inputs: those defer) is specialized
+        per size, each program run about once; past the graph's FAST_AFTER-th such program
+        they compile at -O0, as eager ops past their FAST_AFTER-th shape do."""
         if len(self._jits) < FAST_AFTER or not any(s[:1] == ("number",) for s in sig):
             return False
         bump("fast_compiles")
@@ -333,10 +333,9 @@ class CompiledGraph:
         return results
 
 
-def _grown_inputs(gm) -> tuple:
+def _grown_inputs(gm, placeholders) -> tuple:
     """Positions of the graph inputs it appends to by cat along a symbolic dim and returns
     (a KV cache, token ids): what it gets next call is that output, one step longer."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = set(a for a in out.args[0] if isinstance(a, torch.fx.Node))
     grown = []

@@ -122,8 +122,6 @@ def get_dynamism(t: torch.Tensor) -> dict:
     return {found[0]: (found[1].lower, found[1].upper)}
 
 
-
-
 def any_dynamic(values) -> bool:
     """Whether one of `values` is a tensor with a dynamic dim (cheap while none exists)."""
     return bool(_marked) and any(isinstance(v, torch.Tensor) and _find(v) is not None for v in values)
@@ -303,6 +301,7 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
 
 
 growth.grow_dynamic = _grow
+growth.on_grown = _auto
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:
@@ -324,7 +323,6 @@ def unpad_for_view(t: torch.Tensor) -> bool:
     tensors.set_geometry(t, c.untyped_storage(), tuple(t.shape), c.stride(), 0)
     bump("unpadded_for_view")
     return True
-growth.on_grown = _auto
 
 
 # --- growing tensors cross bucket edges together -------------------------------------------
