@@ -63,6 +63,8 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class _Guard(torch._C._acc.DeviceGuard):
+    """Only where csrc/device_guard.cpp is not built: this guard calls Python for type()."""
+
     def type_(self):
         return torch._C._autograd.DeviceType.PrivateUse1
 
@@ -73,6 +75,11 @@ def name_device(device_module: types.ModuleType) -> bool:
     if torch._C._get_privateuse1_backend_name() == "tpu":
         return False
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    try:  # the C++ guard first (csrc/device_guard.cpp says why); PyTorch then keeps it
+        _leaf("device._device_guard")
+    except ImportError:  # not built: the Python guard serves, except on a backward that raises
+        pass
 
     _setup_privateuseone_for_python_backend("tpu", backend_module=device_module, hook=_Hooks(),
                                             device_guard=_Guard())
