@@ -23,14 +23,21 @@ def user_frame():
     internal = _internal_code
     while f is not None:
         code = f.f_code
-        skip = internal.get(code)
+        try:
+            skip = internal.get(code)
+        except TypeError:  # a code object hashes its constants: Dynamo's resume functions hold slices
+            skip = _is_internal(code)
         if skip is None:
-            fn = code.co_filename
-            skip = internal[code] = fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")
+            skip = internal[code] = _is_internal(code)
         if not skip:
             return (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return None
+
+
+def _is_internal(code) -> bool:
+    fn = code.co_filename
+    return fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")
 
 
 def where(frame) -> str | None:
