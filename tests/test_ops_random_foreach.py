@@ -22,7 +22,7 @@ RANDOM = {
     "normal", "normal_", "normal_functional", "uniform", "uniform_", "bernoulli", "bernoulli_",
     "random", "random_", "exponential", "exponential_", "geometric", "geometric_", "log_normal",
     "log_normal_", "cauchy", "cauchy_", "randperm", "multinomial", "native_dropout",
-    "native_dropout_backward",
+    "native_dropout_backward", "poisson",
 }
 
 
@@ -187,6 +187,41 @@ def test_random_from_to(own_ops_native):
     assert zc.min() >= -100 and zc.max() <= 127 and zc.min() < -50 and zc.max() > 100
     with pytest.raises(RuntimeError, match="from"):
         torch.empty(3, device="tpu").random_(5, 2)
+
+
+@pytest.mark.parametrize("dtype,lo,hi", [(torch.bool, 0, 3), (torch.bool, -1, 1), (torch.uint8, 0, 257),
+                                          (torch.int8, -129, 0), (torch.int32, 0, 2**40), (torch.float16, -2**40, 0)])
+def test_random_bounds_outside_the_dtype_raise_as_on_cpu(dtype, lo, hi):
+    # the draw would wrap into the dtype: CPU refuses, naming the bound and the C type
+    with pytest.raises(RuntimeError) as cpu:
+        torch.zeros(4, dtype=dtype).random_(lo, hi)
+    with pytest.raises(RuntimeError) as got:
+        torch.zeros(4, dtype=dtype, device="tpu").random_(lo, hi)
+    assert str(got.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_random_kernel_errors_name_the_dtype_as_cpu(dtype):
+    for fn in (torch.bernoulli, lambda t: t.uniform_(), torch.poisson):
+        with pytest.raises(NotImplementedError) as cpu:
+            fn(torch.ones(3, dtype=dtype))
+        with pytest.raises(NotImplementedError) as got:
+            fn(torch.ones(3, dtype=dtype, device="tpu"))
+        assert str(got.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])
+def test_poisson(own_ops_native, dtype):
+    torch.manual_seed(0)
+    rate = torch.tensor([0.0, 0.5, 4.0, 30.0], dtype=dtype).repeat(4000, 1)
+    x = torch.poisson(tpu(rate))
+    assert x.dtype == dtype and x.shape == rate.shape
+    xc = x.cpu().double()
+    assert torch.equal(xc, xc.round()) and xc.min() >= 0 and (xc[:, 0] == 0).all()
+    torch.testing.assert_close(xc.mean(0), rate[0].double(), atol=0.1, rtol=0.03)
+    torch.testing.assert_close(xc.var(0), rate[0].double(), atol=0.1, rtol=0.06)
+    with pytest.raises(RuntimeError, match="invalid Poisson rate"):
+        torch.poisson(tpu(torch.tensor([1.0, -1.0]))).cpu()
 
 
 def test_exponential_geometric_lognormal_cauchy(own_ops_native):

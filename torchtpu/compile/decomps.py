@@ -31,12 +31,90 @@ def table() -> dict:
         if op in graph.SPECIAL or graph.is_view(op):
             continue
         out[op] = fn
-    # PyTorch's randn decomposes to prims.normal, which no lowering serves (the graph ran it
-    # on CPU: reformer's LSH rotations); normal.float_float is the same draw, lowered.
-    out[torch.ops.aten.randn.default] = _randn
+    out.update(_random_factories())
     return out
 
 
-def _randn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return torch.ops.aten.normal.float_float(0.0, 1.0, size, dtype=dtype, layout=layout, device=device,
-                                             pin_memory=pin_memory)
+# Random factories. Eager reaches them through PyTorch's composite kernels (an empty tensor, then
+# the in-place draw: uniform_, normal_, random_), each a lowered op; aot_autograd keeps them whole,
+# and no lowering serves the whole op, so a compiled graph ran them on CPU (torch.randn: reformer's
+# LSH rotations; randn_like: vits' and vibevoice's noise; rrelu in training). Each decomposes here
+# to the same draw as eager's: a fresh tensor and the lowered functional twin of the in-place op.
+# (aten.randn's own decomposition ends in prims.normal, which no lowering serves either.)
+_aten = torch.ops.aten
+_random_from = getattr(_aten.random, "from")  # random.from: `from` is a Python keyword
+
+
+def _empty(size, dtype, layout, device, pin_memory, default=None):
+    return torch.empty(size, dtype=dtype if dtype is not None else (default or torch.get_default_dtype()),
+                       layout=layout, device=device, pin_memory=pin_memory)
+
+
+def _empty_like(self, dtype, layout, device, pin_memory, memory_format):
+    return torch.empty_like(self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                            memory_format=memory_format if memory_format is not None else torch.preserve_format)
+
+
+def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return _aten.normal.float_float(0.0, 1.0, size, generator=generator, dtype=dtype, layout=layout, device=device,
+                                    pin_memory=pin_memory)
+
+
+def _rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return _aten.uniform(_empty(size, dtype, layout, device, pin_memory), 0.0, 1.0, generator=generator)
+
+
+def _randint(high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return _randint_low(0, high, size, generator=generator, dtype=dtype, layout=layout, device=device,
+                        pin_memory=pin_memory)
+
+
+def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    empty = _empty(size, dtype, layout, device, pin_memory, default=torch.int64)
+    return _random_from(empty, low, high, generator=generator)
+
+
+def _randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                memory_format=None):
+    empty = _empty_like(self, dtype, layout, device, pin_memory, memory_format)
+    return _aten.normal_functional(empty, 0.0, 1.0, generator=generator)
+
+
+def _rand_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    empty = _empty_like(self, dtype, layout, device, pin_memory, memory_format)
+    return _aten.uniform(empty, 0.0, 1.0, generator=generator)
+
+
+def _randint_like(self, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                  memory_format=None):
+    return _randint_like_low(self, 0, high, generator=generator, dtype=dtype, layout=layout, device=device,
+                             pin_memory=pin_memory, memory_format=memory_format)
+
+
+def _randint_like_low(self, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                      memory_format=None):
+    empty = _empty_like(self, dtype, layout, device, pin_memory, memory_format)
+    return _random_from(empty, low, high, generator=generator)
+
+
+def _rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    if not training:  # eval: the mean slope, noise untouched (as eager's kernel)
+        return torch.nn.functional.leaky_relu(self, (float(lower) + float(upper)) / 2), noise.clone()
+    r = _aten.uniform(torch.empty_like(self), float(lower), float(upper), generator=generator)
+    slope = torch.where(self <= 0, r, torch.ones_like(r))
+    return self * slope, slope
+
+
+def _random_factories() -> dict:
+    return {
+        _aten.randn.default: _randn, _aten.randn.generator: _randn,
+        _aten.rand.default: _rand, _aten.rand.generator: _rand,
+        _aten.randint.default: _randint, _aten.randint.generator: _randint,
+        _aten.randint.low: _randint_low, _aten.randint.low_generator: _randint_low,
+        _aten.randn_like.default: _randn_like, _aten.randn_like.generator: _randn_like,
+        _aten.rand_like.default: _rand_like, _aten.rand_like.generator: _rand_like,
+        _aten.randint_like.default: _randint_like, _aten.randint_like.generator: _randint_like,
+        _aten.randint_like.low_dtype: _randint_like_low, _aten.randint_like.low_generator_dtype: _randint_like_low,
+        _aten.rrelu_with_noise_functional.default: _rrelu_with_noise_functional,
+    }

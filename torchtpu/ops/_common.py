@@ -62,3 +62,15 @@ def wrap_dim(d: int, ndim: int) -> int:
     if not -n <= d < n:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
     return d % n
+
+
+_SCALAR_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                      "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
+                      "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64", "bool": "Bool",
+                      "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+def scalar_type_name(dt) -> str:
+    """c10's name of a dtype, as PyTorch's kernel errors print it ("Long", "Float")."""
+    name = jnp.dtype(dt).name
+    return _SCALAR_TYPE_NAMES.get(name, name)

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from ..runtime.jaxenv import to_jax_dtype
 from . import checks
-from ._common import is_complex as _is_complex, is_float as _is_float
+from ._common import is_complex as _is_complex, is_float as _is_float, scalar_type_name
 from .registry import lower
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
@@ -54,7 +54,8 @@ def _require_float(x, name):
 
 
 def _torch_name(dt):
-    return str(to_torch_dtype(dt)).removeprefix("torch.")
+    """PyTorch's name of a dtype in kernel errors ("Long", "Bool"), not Python's ("int64")."""
+    return scalar_type_name(dt)
 
 
 def _standard_normal(key, shape, dt):
@@ -226,8 +227,21 @@ def bernoulli_tensor(self, p, generator=None, key=None):
 @lower("bernoulli", random=True)
 def bernoulli(self, generator=None, key=None):
     _check_generator(generator, "bernoulli")
-    _require_float(self, "bernoulli_tensor_cpu_self_")
+    _require_float(self, "bernoulli_tensor_cpu_p_")  # self is also p: CPU names the check on p
     return bernoulli_tensor(self, self, key=key)
+
+
+# --- poisson ---------------------------------------------------------------
+
+
+@lower("poisson", random=True)
+def poisson(self, generator=None, key=None):
+    _check_generator(generator, "poisson")
+    _require_float(self, "poisson_cpu")
+    rate = self.astype(_compute_dtype(self.dtype))
+    checks.report(~jnp.all(rate >= 0), message="invalid Poisson rate, expected rate to be non-negative")
+    draw = jax.random.poisson(key, jnp.maximum(rate, 0), self.shape, dtype=jnp.int64)
+    return draw.astype(self.dtype)
 
 
 # --- random_ (discrete uniform) --------------------------------------------
@@ -237,6 +251,38 @@ def _digits(dt) -> int:
     dt = jnp.dtype(dt)
     return {jnp.dtype(jnp.float16): 11, jnp.dtype(jnp.bfloat16): 8, jnp.dtype(jnp.float32): 24,
             jnp.dtype(jnp.float64): 53}[dt]
+
+
+# c10's names of the C types in random_'s range errors ("to - 1 is out of bounds for int")
+_C_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short int", "int32": "int",
+            "int64": "long int", "uint16": "short unsigned int", "uint32": "unsigned int",
+            "uint64": "long unsigned int", "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float",
+            "float64": "double"}
+
+
+def _check_in_range(dt, from_: int, to_inclusive: int) -> None:
+    """PyTorch's check_from_to_in_range: the bounds must fit the result's dtype (else the draw
+    would wrap), and a float's beyond 2**digits only warn (not every integer there is a float)."""
+    dt = jnp.dtype(dt)
+    if dt == jnp.bool_:
+        lo, hi = 0, 1
+    elif _is_float(dt):
+        lo, hi = float(jnp.finfo(dt).min), float(jnp.finfo(dt).max)
+    else:
+        lo, hi = int(jnp.iinfo(dt).min), int(jnp.iinfo(dt).max)
+    for what, v in (("from", from_), ("to - 1", to_inclusive)):
+        if not lo <= v <= hi:
+            raise RuntimeError(f"{what} is out of bounds for {_C_NAMES.get(dt.name, dt.name)}")
+    if _is_float(dt):
+        import warnings
+
+        d = _digits(dt)
+        for what, v in (("from", from_), ("to - 1", to_inclusive)):
+            if not -(2 ** d) <= v <= 2 ** d:
+                warnings.warn(f"{what} is out of bounds [-(2^{d}), 2^{d}]. Due to precision limitations "
+                              f"{_C_NAMES[dt.name]} can support discrete uniform distribution only within this "
+                              "range. This warning will become an error in version 1.7 release, please fix the "
+                              "code in advance", UserWarning, stacklevel=2)
 
 
 def _full_max(dt) -> int:
@@ -280,6 +326,7 @@ def random_to(self, to, generator=None, key=None):
     _check_generator(generator, "random_")
     if not to > 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from=0 >= to={to}")
+    _check_in_range(self.dtype, 0, to - 1)
     return _random_range(self, 0, to - 1, key)
 
 
@@ -293,6 +340,7 @@ def random_from(self, from_, to=None, generator=None, key=None):
         return _random_range(self, from_, hi, key)
     if not from_ < to:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    _check_in_range(self.dtype, from_, to - 1)
     return _random_range(self, from_, to - 1, key)
 
 

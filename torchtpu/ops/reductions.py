@@ -10,7 +10,7 @@ from jax import lax
 from ..runtime.jaxenv import to_jax_dtype
 from ._common import LOW_FLOATS as _LOW_FLOATS
 from ._common import is_complex as _is_complex, is_float as _is_float, is_intlike as _is_intlike
-from ._common import opmath_dtype as _acc, real_dtype as _real_dtype, wrap_dim as _wrap
+from ._common import opmath_dtype as _acc, real_dtype as _real_dtype, scalar_type_name, wrap_dim as _wrap
 from .registry import lower
 
 _I64 = jnp.dtype(jnp.int64)
@@ -108,15 +108,7 @@ def _mean_dtype(x, dtype, name="mean"):
     return out
 
 
-_TNAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
-           "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
-           "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
-
-
-def _tname(dt):
-    """PyTorch's name of a dtype in error messages ("Long", "Float")."""
-    name = jnp.dtype(dt).name
-    return _TNAMES.get(name, name)
+_tname = scalar_type_name  # PyTorch's name of a dtype in error messages ("Long", "Float")
 
 
 @lower("mean")
