@@ -306,6 +306,27 @@ def test_repeat_interleave():
     check(lambda x: x.repeat_interleave(2, dim=1), x)
     check(lambda r: torch.repeat_interleave(r), r)
     check(lambda x, r: x.repeat_interleave(r, dim=0, output_size=6), x, r)
+    check(lambda r: torch.repeat_interleave(r, output_size=6), r.int())
+    # a compiled graph with output_size keeps it on tpu (kimi_k25's patch index ran it on CPU)
+    fn = torch.compile(lambda x, r: x.repeat_interleave(r, dim=0, output_size=6) * 2, backend="tpu")
+    torch.testing.assert_close(fn(x.to("tpu"), r.to("tpu")).cpu(), x.repeat_interleave(r, dim=0) * 2)
+
+
+@pytest.mark.parametrize("repeats,kw", [([[1, 2]], {}), ([1, -2], {}), ([1.0, 2.0], {}), ([1, 2], {"output_size": 5})])
+def test_repeat_interleave_refuses_what_cpu_refuses(repeats, kw):
+    # output_size that does not add up used to pad or cut the result silently
+    r = torch.tensor(repeats)
+    with pytest.raises((RuntimeError, NotImplementedError)) as cpu:
+        torch.repeat_interleave(r, **kw)
+    with pytest.raises(type(cpu.value)) as got:
+        torch.repeat_interleave(r.to("tpu"), **kw).cpu()
+    assert str(got.value).startswith(str(cpu.value))
+
+
+def test_repeat_interleave_negative_repeats_that_add_up_raise():
+    # CPU does not check this case (repeats [1, -2, 7] sum to output_size 6): it aborts the process
+    with pytest.raises(RuntimeError, match="repeats can not be negative"):
+        torch.repeat_interleave(torch.tensor([1, -2, 7], device="tpu"), output_size=6).cpu()
 
 
 # --- shape copies ------------------------------------------------------------

@@ -117,4 +117,15 @@ def _random_factories() -> dict:
         _aten.randint_like.default: _randint_like, _aten.randint_like.generator: _randint_like,
         _aten.randint_like.low_dtype: _randint_like_low, _aten.randint_like.low_generator_dtype: _randint_like_low,
         _aten.rrelu_with_noise_functional.default: _rrelu_with_noise_functional,
+        _aten.repeat_interleave.Tensor: _repeat_interleave_tensor,
     }
+
+
+def _repeat_interleave_tensor(repeats, *, output_size=None):
+    """With output_size the result's shape is known: eager's composite of lowered ops (kimi_k25's
+    patch-to-video index). Without it the size is data-dependent and the op stays whole."""
+    if output_size is None:
+        return NotImplemented
+    from ..ops.indexing import repeat_interleave_sized
+
+    return repeat_interleave_sized(repeats, output_size)

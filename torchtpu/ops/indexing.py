@@ -582,11 +582,37 @@ def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False)
     )
 
 
+def _check_repeats(repeats) -> None:
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        name = {torch.float32: "Float", torch.float64: "Double", torch.bool: "Bool"}.get(repeats.dtype, repeats.dtype)
+        raise NotImplementedError(f'"repeat_interleave_cpu" not implemented for \'{name}\'')
+
+
+def repeat_interleave_sized(repeats, output_size):
+    """repeat_interleave(repeats, output_size=n) from lowered ops, with no host read: output
+    position i belongs to the first j whose running total exceeds i. A size or a repeat that
+    does not add up raises CPU's error from the device (torch.compile decomposes to this too)."""
+    _check_repeats(repeats)
+    if repeats.numel() == 0:  # CPU: empty, whatever output_size says
+        return torch.empty(0, dtype=repeats.dtype, device=repeats.device)
+    ends = torch.cumsum(repeats, 0)
+    torch._assert_async((repeats >= 0).all(), "repeats can not be negative")
+    torch._assert_async(ends[-1] == output_size, "allocated size does not match required size")
+    pos = torch.arange(output_size, dtype=ends.dtype, device=repeats.device)
+    return torch.searchsorted(ends, pos, right=True).to(repeats.dtype)
+
+
 @kernel("repeat_interleave.Tensor")
 def repeat_interleave_tensor(repeats, *, output_size=None):
+    if output_size is not None:
+        return repeat_interleave_sized(repeats, output_size)
+    _check_repeats(repeats)
     r = _value(repeats).reshape(-1)
-    if output_size is None:
-        output_size = int(jnp.sum(r))
+    if bool(jnp.any(r < 0)):  # the size is read from the device anyway
+        raise RuntimeError("repeats can not be negative")
+    output_size = int(jnp.sum(r))
     out = jnp.repeat(jnp.arange(r.shape[0], dtype=jnp.int64), r, total_repeat_length=output_size)
     return _new((output_size,), repeats.dtype, out.astype(to_jax_dtype(repeats.dtype)))
 
