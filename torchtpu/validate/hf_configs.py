@@ -347,7 +347,8 @@ OVERRIDES: dict[str, dict] = {
     # depthwise upsampling convolutions: groups = the (shrunk) hidden size
     "mimi": {"upsample_groups": 32},
     "mimi_decoder": {"upsample_groups": 32},
-    "kyutai_speech_to_text": {"codec_config.upsample_groups": 32, "num_codebooks": 8},  # its ModelTester's 8
+    # its ModelTester's 8 codebooks; the codec quantizes into as many (generate encodes audio with it)
+    "kyutai_speech_to_text": {"codec_config.upsample_groups": 32, "num_codebooks": 8, "codec_config.num_quantizers": 8},
     # read by the attention module but not a field of DbrxAttentionConfig (DbrxModelTester sets it)
     # the audio codes live at the top of the text vocabulary: keep it that large
     "apertus1p5": {"audio_config.codebook_dim": 32, "text_config.vocab_size": 266441},  # no projection around the quantizer: = hidden
@@ -625,6 +626,9 @@ NO_LOSS = {"shieldgemma2": "upstream: ShieldGemma2ForImageClassification passes 
                            "and drops the loss (its output has no loss field)"}
 # Heads whose greedy generate(max_new_tokens=8) is compared (with --generate).
 GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
+# Types that generate from raw audio their codec encodes (Kyutai speech-to-text: generate takes
+# input_values, not the token grid forward takes): type -> codec frames of audio (one token each).
+GENERATE_FROM_AUDIO = {"kyutai_speech_to_text": 9}
 
 # Types skipped outright, with the reason (kept short: they appear in the report).
 SKIP: dict[str, str] = {

@@ -271,6 +271,22 @@ def _gen_inputs(model, inputs) -> dict:
     if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    model_type = getattr(model.config, "model_type", "")
+    frames = C.GENERATE_FROM_AUDIO.get(model_type)
+    if frames:
+        batch = kw.pop("input_ids").shape[0]
+        kw.pop("attention_mask", None)
+        g = torch.Generator().manual_seed(SEED)
+        kw["input_values"] = torch.randn(batch, 1, model.config.codec_config.frame_size * frames, generator=g)
+    if hasattr(model, "get_mel_conditioner_outputs"):
+        # Pop2Piano generates from mel features (batch, frames, d_model), not token ids, and
+        # reads its composer table from the checkpoint's generation_config (a tiny one has none)
+        ids = kw.pop("input_ids")
+        g = torch.Generator().manual_seed(SEED)
+        kw["input_features"] = torch.randn(ids.shape[0], ids.shape[1], model.config.d_model, generator=g)
+        gen_config = copy.deepcopy(model.generation_config)
+        gen_config.composer_to_feature_token = {f"composer{i + 1}": i for i in range(model.config.composer_vocab_size)}
+        kw["generation_config"] = gen_config
     return kw
 
 
