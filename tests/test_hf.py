@@ -6,6 +6,8 @@ mode, and backward + greedy generate(max_new_tokens=8) for a few causal LMs (SUB
 Expected states are data in hf_configs.py: a known backend failure is a strict xfail (visible in
 review; fixing it turns the xfail into a failure that asks for the data to be updated).
 """
+import json
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -136,3 +138,25 @@ def test_labels_recipe_gives_a_loss_on_cpu():
         assert labels, variant
         loss = hf_run._cpu_loss(model, inputs, labels)
         assert loss.ndim == 0 and loss.item() > 0, variant
+
+
+def test_sweep_pieces_merge_by_row_and_drop_a_types_stale_rows(tmp_path):
+    # pieces of a sweep run in parallel, each into its own JSON, then --merge-from (docs/hf.md)
+    from torchtpu.validate.hf_compare import Result
+
+    def sweep(path, mode, *rows):
+        models = {r.key: r.to_json() for r in rows}
+        path.write_text(json.dumps({"modes": {mode: {"argv": [], "models": models, "summary": {}}}}))
+        return str(path)
+
+    main = sweep(tmp_path / "main.json", "compile", Result("a", "base", "A", state="cpu-error"),
+                 Result("b", "causal-lm", "B", state="tpu-error"), Result("c", "base", "C", state="match"))
+    one = sweep(tmp_path / "one.json", "compile", Result("a", "causal-lm", "AC", state="match"),
+                Result("b", "causal-lm", "B", state="match", backward="match"))
+    two = sweep(tmp_path / "two.json", "strict", Result("d", "base", "D", state="mismatch"))
+    assert hf.main(["--json", main, "--merge-from", one, two]) == 0
+    data = json.loads(open(main).read())["modes"]
+    assert sorted(data["compile"]["models"]) == ["a:causal-lm", "b:causal-lm", "c:base"]  # a's cpu-error row went
+    s = data["compile"]["summary"]
+    assert (s["models"], s["states"]["match"], s["states"]["tpu-error"], s["backward"]["match"]) == (3, 3, 0, 1)
+    assert data["strict"]["summary"]["states"]["mismatch"] == 1

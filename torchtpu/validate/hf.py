@@ -26,7 +26,7 @@ from . import hf_configs as C
 from .hf_tiny import model_types, tiny_config, variants  # noqa: F401  (sets HF_HUB_OFFLINE first)
 from .hf_compare import MODES, STATES, Result, compare, leaves, result_from as _result_from  # noqa: F401
 from .hf_inputs import make_inputs, modality  # noqa: F401
-from .hf_report import _md_direct, print_summary, report_from_json, summarize  # noqa: F401
+from .hf_report import _md_direct, merge_files, print_summary, report_from_json, summarize  # noqa: F401
 from .hf_run import build, compile_available, reference, run_model  # noqa: F401
 from .hf_workers import run_all
 from .progress import Progress
@@ -58,7 +58,18 @@ def main(argv=None) -> int:
                    help="with --resume: write JSON/markdown from the checkpoint, run nothing")
     p.add_argument("--merge", action="store_true",
                    help="keep other modes' (and other models') results already in --json")
+    p.add_argument("--merge-from", nargs="+", metavar="JSON",
+                   help="run nothing: merge these sweep files (pieces run in parallel, each with its own "
+                        "--json) into --json, recompute the summaries, render --markdown")
     args = p.parse_args(argv)
+    if args.merge_from:
+        if not args.json:
+            p.error("--merge-from needs --json (the file to merge into)")
+        for mode, n in merge_files(args.json, args.merge_from).items():
+            print(f"{mode}: {n} rows merged into {args.json}")
+        if args.markdown:
+            report_from_json(args.json, args.markdown)
+        return 0
     if args.mode == "compile" and not compile_available():
         print("mode compile: not available (no torch.compile backend 'tpu' registered yet)", file=sys.stderr)
     types = args.models or (list(C.SUBSET) if args.subset else model_types())
