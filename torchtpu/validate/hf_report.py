@@ -240,9 +240,9 @@ def write_markdown(path: str, summaries: dict, results_by_mode: dict, argv_by_mo
 
 def merge_files(json_path: str, files: list[str]) -> dict[str, int]:
     """Merge the rows of sweep files run as separate pieces (`--json piece.json`, in parallel)
-    into `json_path`: a row replaces the same (type:variant) row of its mode, a type's other rows
-    in that mode go (a stale cpu-error row of another head), and each touched mode's summary is
-    recomputed from all its rows. Returns rows merged per mode."""
+    into `json_path`: a row replaces the same (type:variant) row of its mode (a type's other heads
+    keep theirs: a sweep of one head says nothing about the others), and each touched mode's
+    summary is recomputed from all its rows. Returns rows merged per mode."""
     with open(json_path) as f:
         data = json.load(f)
     merged: dict[str, int] = {}
@@ -252,9 +252,6 @@ def merge_files(json_path: str, files: list[str]) -> dict[str, int]:
         for mode, sec in piece.get("modes", {}).items():
             rows = sec.get("models", {})
             target = data["modes"].setdefault(mode, {"argv": sec.get("argv", []), "models": {}})
-            types = {r["model_type"] for r in rows.values()}
-            for key in [k for k, r in target["models"].items() if r["model_type"] in types and k not in rows]:
-                del target["models"][key]
             target["models"].update(rows)
             merged[mode] = merged.get(mode, 0) + len(rows)
     for mode in merged:
