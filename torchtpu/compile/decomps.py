@@ -39,7 +39,8 @@ def table() -> dict:
 # the in-place draw: uniform_, normal_, random_), each a lowered op; aot_autograd keeps them whole,
 # and no lowering serves the whole op, so a compiled graph ran them on CPU (torch.randn: reformer's
 # LSH rotations; randn_like: vits' and vibevoice's noise; rrelu in training). Each decomposes here
-# to the same draw as eager's: a fresh tensor and the lowered functional twin of the in-place op.
+# to the same draw as eager's: a fresh tensor and the lowered functional twin of the in-place op
+# (rrelu: eager's own kernel, written in torch ops).
 # (aten.randn's own decomposition ends in prims.normal, which no lowering serves either.)
 _aten = torch.ops.aten
 _random_from = getattr(_aten.random, "from")  # random.from: `from` is a Python keyword
@@ -98,15 +99,9 @@ def _randint_like_low(self, low, high, *, generator=None, dtype=None, layout=Non
     return _random_from(empty, low, high, generator=generator)
 
 
-def _rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
-    if not training:  # eval: the mean slope, noise untouched (as eager's kernel)
-        return torch.nn.functional.leaky_relu(self, (float(lower) + float(upper)) / 2), noise.clone()
-    r = _aten.uniform(torch.empty_like(self), float(lower), float(upper), generator=generator)
-    slope = torch.where(self <= 0, r, torch.ones_like(r))
-    return self * slope, slope
-
-
 def _random_factories() -> dict:
+    from ..ops.nn_extra import rrelu_with_noise_functional  # eager's kernel: torch ops that trace
+
     return {
         _aten.randn.default: _randn, _aten.randn.generator: _randn,
         _aten.rand.default: _rand, _aten.rand.generator: _rand,
@@ -116,7 +111,7 @@ def _random_factories() -> dict:
         _aten.rand_like.default: _rand_like, _aten.rand_like.generator: _rand_like,
         _aten.randint_like.default: _randint_like, _aten.randint_like.generator: _randint_like,
         _aten.randint_like.low_dtype: _randint_like_low, _aten.randint_like.low_generator_dtype: _randint_like_low,
-        _aten.rrelu_with_noise_functional.default: _rrelu_with_noise_functional,
+        _aten.rrelu_with_noise_functional.default: rrelu_with_noise_functional,
         _aten.repeat_interleave.Tensor: _repeat_interleave_tensor,
     }
 

@@ -21,11 +21,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
-from ._common import wrap_dim as _wrap
+from ._common import scalar_type_name, wrap_dim as _wrap
 from .registry import kernel, lower, private
 
 
@@ -586,7 +587,7 @@ def _check_repeats(repeats) -> None:
     if repeats.dim() != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if repeats.dtype not in (torch.int32, torch.int64):
-        name = {torch.float32: "Float", torch.float64: "Double", torch.bool: "Bool"}.get(repeats.dtype, repeats.dtype)
+        name = scalar_type_name(to_jax_dtype(repeats.dtype))
         raise NotImplementedError(f'"repeat_interleave_cpu" not implemented for \'{name}\'')
 
 
@@ -610,9 +611,10 @@ def repeat_interleave_tensor(repeats, *, output_size=None):
         return repeat_interleave_sized(repeats, output_size)
     _check_repeats(repeats)
     r = _value(repeats).reshape(-1)
-    if bool(jnp.any(r < 0)):  # the size is read from the device anyway
+    counts = np.asarray(r)  # the size is data-dependent: one read to the host serves both checks
+    if (counts < 0).any():
         raise RuntimeError("repeats can not be negative")
-    output_size = int(jnp.sum(r))
+    output_size = int(counts.sum())
     out = jnp.repeat(jnp.arange(r.shape[0], dtype=jnp.int64), r, total_repeat_length=output_size)
     return _new((output_size,), repeats.dtype, out.astype(to_jax_dtype(repeats.dtype)))
 

@@ -923,7 +923,8 @@ def _rrelu_values(self, lower, upper, training, generator=None):
     if not training:
         slope = (float(lower) + float(upper)) / 2
         return torch.nn.functional.leaky_relu(self, slope), None
-    r = torch.empty_like(self).uniform_(float(lower), float(upper), generator=generator)
+    # functional (no in-place draw), so torch.compile decomposes rrelu to this function too
+    r = torch.ops.aten.uniform(torch.empty_like(self), float(lower), float(upper), generator=generator)
     noise = torch.where(self <= 0, r, torch.ones_like(r))
     return self * noise, noise
 

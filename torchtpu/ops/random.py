@@ -17,6 +17,7 @@ generates; normal_ has no twin of the same schema and is registered directly.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -53,9 +54,7 @@ def _require_float(x, name):
         raise NotImplementedError(f'"{name}" not implemented for \'{_torch_name(x.dtype)}\'')
 
 
-def _torch_name(dt):
-    """PyTorch's name of a dtype in kernel errors ("Long", "Bool"), not Python's ("int64")."""
-    return scalar_type_name(dt)
+_torch_name = scalar_type_name  # PyTorch's name of a dtype in kernel errors ("Long"), not Python's ("int64")
 
 
 def _standard_normal(key, shape, dt):
@@ -274,8 +273,6 @@ def _check_in_range(dt, from_: int, to_inclusive: int) -> None:
         if not lo <= v <= hi:
             raise RuntimeError(f"{what} is out of bounds for {_C_NAMES.get(dt.name, dt.name)}")
     if _is_float(dt):
-        import warnings
-
         d = _digits(dt)
         for what, v in (("from", from_), ("to - 1", to_inclusive)):
             if not -(2 ** d) <= v <= 2 ** d:
