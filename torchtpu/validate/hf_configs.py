@@ -480,6 +480,18 @@ OVERRIDES: dict[str, dict] = {
                               "reassemble_hidden_size": 32},  # as depth_anything
 }
 
+# Per-head overrides: "type:variant" -> config values (as OVERRIDES, applied after them) that only one
+# head class of a type needs (a segmentation head's backbone taps, a depth head's neck widths); the
+# base model and the type's other heads keep the type's config.
+HEAD_OVERRIDES: dict[str, dict] = {
+    # vision heads (segmentation, depth, pose, masked pretraining)
+
+    # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
+
+    # text, audio and decision heads
+
+}
+
 # Constructor arguments for config classes whose defaults fail their own validator (upstream).
 INIT_KWARGS: dict[str, dict] = {
     # the default gemma4_text sub-config has per-layer inputs, which the assistant's validator rejects

@@ -55,7 +55,7 @@ def _merge(into: dict, fb: dict, prefix=""):
 
 
 def build(model_type: str, cls_name: str, attn: str | None = None, variant: str = "base"):
-    cfg = tiny_config(model_type)
+    cfg = tiny_config(model_type, variant)
     if variant == "seq-cls":  # the head pools at the last non-pad token: it needs a pad id for batch > 1
         for c in (cfg, getattr(cfg, "text_config", None)):
             if c is not None and getattr(c, "pad_token_id", 0) is None:

@@ -222,14 +222,15 @@ def _apply_overrides(cfg, overrides: dict) -> None:
         setattr(obj, last, value)
 
 
-def tiny_config(model_type: str):
-    """A small config of `model_type`: generic rules, then hf_configs.OVERRIDES."""
+def tiny_config(model_type: str, variant: str | None = None):
+    """A small config of `model_type`: generic rules, then hf_configs.OVERRIDES, then the head's
+    hf_configs.HEAD_OVERRIDES (`variant`: the head kind, "seq-cls", "depth", ...)."""
     from transformers import AutoConfig
 
     # a config class whose own defaults fail its validator takes these at construction
     default = AutoConfig.for_model(model_type, **C.INIT_KWARGS.get(model_type, {}))
     d = default.to_dict()
-    ov = C.OVERRIDES.get(model_type, {})
+    ov = {**C.OVERRIDES.get(model_type, {}), **C.HEAD_OVERRIDES.get(f"{model_type}:{variant}", {})}
     shrunk = dict(d) if model_type in C.KEEP_DEFAULT else _shrink_dict(d)
     for k in ("transformers_version", "architectures", "_name_or_path", "model_type"):
         shrunk.pop(k, None)
