@@ -642,7 +642,8 @@ GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 # input_values, not the token grid forward takes): type -> codec frames of audio (one token each).
 GENERATE_FROM_AUDIO = {"kyutai_speech_to_text": 9}
 
-# Types skipped outright, with the reason (kept short: they appear in the report).
+# Types ("type") or single heads ("type:variant") skipped outright, with the reason (kept short: they
+# appear in the report; an "upstream: ..." reason is shown as the root cause).
 SKIP: dict[str, str] = {
 }
 

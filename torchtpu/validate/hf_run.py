@@ -114,8 +114,9 @@ def run_model(model_type: str, variant: str, cls_name: str, mode: str | None = "
 
 
 def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
-    if res.model_type in C.SKIP:
-        res.detail = C.SKIP[res.model_type]
+    skip = C.SKIP.get(res.key, C.SKIP.get(res.model_type))  # one head, or the whole type
+    if skip:
+        res.detail = skip
         return
     if mode == "compile" and not compile_available():
         res.detail = "compile mode not available: no torch.compile backend 'tpu' registered"
