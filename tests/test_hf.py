@@ -95,6 +95,27 @@ def test_grad_tolerance_scales_with_magnitude():
     assert fwd[0] == "mismatch", fwd
 
 
+def test_mismatch_weighed_against_float64():
+    # a mismatch is float32 rounding only when tpu is about as close to a float64 run as CPU float32 is
+    import torch
+
+    from torchtpu.validate.hf_compare import Result, mismatch_cause, rounding
+
+    exact = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    cpu = exact.float() + torch.tensor([0.0, 1e-3, 0.0])        # CPU float32 itself 1e-3 off
+    near = (exact.float() + torch.tensor([0.0, 0.0, 5e-4])).to("tpu")
+    far = (exact.float() + torch.tensor([0.0, 0.0, 5e-2])).to("tpu")
+    assert rounding({"x": near}, {"x": cpu}, {"x": exact}) == [1e-3, 5e-4]
+    assert rounding({"x": far}, {"x": cpu}, {"x": exact}) == [1e-3, 5e-2]
+    assert rounding({"x": cpu.to("tpu")}, {"x": cpu}, {"x": exact}) == [0.0, 0.0]  # agreeing leaves ignored
+    r = Result("m", "base", "M", state="mismatch", float64={"forward": [1e-3, 5e-4]})
+    assert mismatch_cause(r).startswith("forward: float32 rounding"), mismatch_cause(r)
+    r.float64["forward"] = [1e-3, 5e-2]
+    assert mismatch_cause(r).startswith("forward: ours"), mismatch_cause(r)
+    r.float64 = {"forward": "the float64 run failed: RuntimeError: x"}
+    assert "ours" in mismatch_cause(r) and "float64 run failed" in mismatch_cause(r)
+
+
 # Every mode and every modality in `make test`: the subset above runs in the current eager mode
 # (strict); these run one model per remaining mode, a head beyond the first (its loss from the
 # labels recipe) and the time-series modality. Each row: (type, variant, mode).

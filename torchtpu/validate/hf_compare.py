@@ -51,6 +51,9 @@ class Result:
     backward_detail: str = ""
     generate: str = ""
     generate_detail: str = ""
+    # a mismatch judged against a float64 CPU run of the same model: {"forward"/"backward":
+    # [CPU float32's distance from it, tpu's]} or the reason that run failed (see rounding())
+    float64: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -122,6 +125,51 @@ def compare(actual, expected, grads: bool = False) -> tuple[str, str, float, flo
     if bad:
         return "mismatch", "; ".join(bad)[:600], max_abs, max_rel
     return "match", "", max_abs, max_rel
+
+
+def rounding(actual, expected, exact, grads: bool = False) -> list[float]:
+    """[CPU's, tpu's] largest distance from `exact` (the same model run in float64 on CPU) over the
+    output tensors where tpu and CPU float32 disagree beyond the tolerances. A float32 model whose
+    CPU result is itself that far from the float64 answer has no better answer to match: tpu no
+    farther from it than CPU is rounding (ill-conditioned outputs: near-ties, normalisations of
+    near-constant values), tpu much farther is a bug."""
+    a, e, x = dict(leaves(actual)), dict(leaves(expected)), dict(leaves(exact))
+    cpu = tpu = 0.0
+    for k, ev in e.items():
+        av, xv = a.get(k), x.get(k)
+        if av is None or xv is None or not ev.is_floating_point() or av.shape != ev.shape \
+                or xv.shape != ev.shape:
+            continue
+        ac, ec, xc = av.detach().cpu().double(), ev.detach().double(), xv.detach().double()
+        atol = ATOL * max(1.0, ec.abs().max().item()) if grads and GRAD_ATOL_SCALED and ec.numel() else ATOL
+        if torch.allclose(ac, ec, atol=atol, rtol=RTOL, equal_nan=True):
+            continue
+        fin = torch.isfinite(ac) & torch.isfinite(ec) & torch.isfinite(xc)
+        if fin.any():
+            cpu = max(cpu, (ec[fin] - xc[fin]).abs().max().item())
+            tpu = max(tpu, (ac[fin] - xc[fin]).abs().max().item())
+    return [float(f"{cpu:.3g}"), float(f"{tpu:.3g}")]
+
+
+# tpu within this factor of CPU float32's own distance from the float64 answer: rounding, not a bug
+ROUNDING_FACTOR = 2.0
+
+
+def mismatch_cause(r) -> str:
+    """Whose a mismatch is, from its float64 verdicts (Result.float64): float32 rounding when tpu
+    is about as close to the float64 answer as CPU is, else ours."""
+    parts = []
+    for what in ("forward", "backward"):
+        v = r.float64.get(what)
+        if (what == "forward" and r.state != "mismatch") or (what == "backward" and r.backward != "mismatch"):
+            continue
+        if isinstance(v, list):
+            cpu, tpu = v
+            whose = "float32 rounding" if tpu <= ROUNDING_FACTOR * cpu else "ours"
+            parts.append(f"{what}: {whose} (from a float64 run: CPU {cpu:.1e}, tpu {tpu:.1e})")
+        else:
+            parts.append(f"{what}: ours ({v or 'not judged against float64'})")
+    return "; ".join(parts) or "ours"
 
 
 def _short(e: BaseException, n: int = 3) -> str:

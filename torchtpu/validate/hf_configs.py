@@ -664,5 +664,15 @@ SUBSET_TRAIN: dict[str, tuple[str, str]] = {
     # tied wte / lm_head: torchtpu.device.tied keeps them tied through Module.to("tpu")
     "gpt2": ("match", "match"),
 }
+# Mismatches root-caused by hand where the float64 verdict (hf_compare.rounding) cannot judge: type:variant ->
+# the cause shown in the report. A gradient through a kink (ReLU at 0) jumps between its one-sided values, so
+# its distance from a float64 run says nothing about which float32 rounding is right.
+DIAGNOSED: dict[str, str] = {
+    "tipsv2_dpt:semantic-seg": (
+        "backward: float32 rounding at a ReLU kink: one pre-activation is 7.4e-8 in a float64 run; tpu's float32 "
+        "rounds it to exactly 0 (no gradient passes), CPU's to just above 0 (it passes): both are within float32 "
+        "rounding of the exact value; forward: float32 rounding as judged against float64"),
+}
+
 # Why a SUBSET / SUBSET_TRAIN entry is not "match" (shown as the xfail reason).
 KNOWN_FAILURES: dict[str, str] = {}

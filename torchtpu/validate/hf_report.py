@@ -10,7 +10,8 @@ import torch
 
 import torchtpu
 
-from .hf_compare import ATOL, MODES, RTOL, STATES, Result, result_from as _result_from
+from . import hf_configs as C
+from .hf_compare import ATOL, MODES, ROUNDING_FACTOR, RTOL, STATES, Result, mismatch_cause, result_from as _result_from
 from .hf_inputs import _class_modality
 
 
@@ -220,11 +221,15 @@ def write_markdown(path: str, summaries: dict, results_by_mode: dict, argv_by_mo
         bad = [r for r in results_by_mode[mode] if r.state in ("mismatch", "tpu-error")
                or r.backward in ("mismatch", "tpu-error") or r.generate in ("mismatch", "tpu-error")]
         if bad:
-            lines += ["", "### Backend failures", "", "| model | state | bwd | gen | op | detail |",
-                      "|---|---|---|---|---|---|"]
+            lines += ["", "### Backend failures", "",
+                      "Cause: a mismatch is weighed against the same model run in float64 on CPU: tpu about as "
+                      f"close to that answer as CPU float32 is (within {ROUNDING_FACTOR:g}x) is float32 rounding, "
+                      "farther is ours; every tpu-error is ours.", "",
+                      "| model | state | bwd | gen | op | cause | detail |", "|---|---|---|---|---|---|---|"]
             for r in sorted(bad, key=lambda r: r.key):
                 d = (r.detail or r.backward_detail or r.generate_detail).replace("|", "/")[:200]
-                lines.append(f"| {r.key} | {r.state} | {r.backward} | {r.generate} | {r.failing_op} | {d} |")
+                why = C.DIAGNOSED.get(r.key) or (mismatch_cause(r) if "mismatch" in (r.state, r.backward) else "ours")
+                lines.append(f"| {r.key} | {r.state} | {r.backward} | {r.generate} | {r.failing_op} | {why} | {d} |")
         other = [r for r in results_by_mode[mode] if r.state in ("cpu-error", "skipped")]
         if other:
             lines += ["", "### Not run (cpu-error: the tiny config or dummy inputs do not work on CPU "

@@ -13,7 +13,7 @@ import torch
 import torchtpu
 
 from . import hf_configs as C
-from .hf_compare import SEED, Result, _failing_op, _short, compare
+from .hf_compare import SEED, Result, _failing_op, _short, compare, rounding
 from .hf_inputs import _class_modality, _NoRecipe, labels_for, make_inputs, modality
 from .hf_tiny import model_class, tiny_config
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
@@ -162,6 +162,8 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
                 torch.manual_seed(SEED)
                 actual = fwd(**tinputs)
             state, detail, res.max_abs, res.max_rel = compare(actual, expected)
+            if state == "mismatch":
+                res.float64["forward"] = _float64(res, lambda m: rounding(actual, expected, _forward(m, inputs)))
     except _Timeout:
         raise
     except Exception as e:
@@ -241,6 +243,14 @@ def _backward(model, tmodel, inputs, tinputs, labels, mode, res, call=None) -> t
             both = sorted(set(grads_t) & set(grads_c))
             state, detail, _, _ = compare({"loss": tloss, **{n: grads_t[n] for n in both}},
                                           {"loss": loss, **{n: grads_c[n] for n in both}}, grads=True)
+            if state == "mismatch":
+                def exact(m):
+                    loss64 = _cpu_loss(m, _double(inputs), _double(labels))
+                    g64 = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+                    return rounding({"loss": tloss, **{n: grads_t[n] for n in both}},
+                                    {"loss": loss, **{n: grads_c[n] for n in both}},
+                                    {"loss": loss64, **{n: g64[n] for n in both if n in g64}}, grads=True)
+                res.float64["backward"] = _float64(res, exact)
             missing = sorted(set(grads_t) ^ set(grads_c))
             if missing and state == "match":
                 state, detail = "mismatch", f"gradient presence differs: {missing[:3]}"
@@ -251,6 +261,29 @@ def _backward(model, tmodel, inputs, tinputs, labels, mode, res, call=None) -> t
     _, fb = _metrics()
     _merge(res.fallback_ops, fb, "backward:")
     return state, detail
+
+
+def _double(tree):
+    return torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda v: v.double() if v.is_floating_point() else v, tree)
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        torch.manual_seed(SEED)
+        return model(**_double(inputs))
+
+
+def _float64(res: Result, judge):
+    """judge(model) on the same model built afresh (same seed, same weights) in float64 on CPU:
+    the better answer a float32 mismatch is weighed against (hf_compare.rounding); a reason string
+    when that run fails (models that cast to float32 inside, ops without float64)."""
+    try:
+        return judge(build(res.model_type, res.cls, res.attn or None, res.variant).double())
+    except _Timeout:
+        raise
+    except Exception as e:
+        return f"the float64 run failed: {type(e).__name__}: {_short(e)}"
 
 
 def _gen_inputs(model, inputs) -> dict:
