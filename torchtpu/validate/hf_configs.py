@@ -641,6 +641,11 @@ GENERATE_VARIANTS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 # Types that generate from raw audio their codec encodes (Kyutai speech-to-text: generate takes
 # input_values, not the token grid forward takes): type -> codec frames of audio (one token each).
 GENERATE_FROM_AUDIO = {"kyutai_speech_to_text": 9}
+# Types whose own generate loop needs the KV cache and an explicit prompt mask: VibeVoice's _sample reads
+# model_kwargs["attention_mask"] unguarded (KeyError without one), and with use_cache=False, which the tiny
+# configs set, its classifier-free-guidance branch feeds one token against the whole mask and sdpa refuses
+# the shapes on CPU too (upstream, transformers/models/vibevoice/generation_vibevoice.py).
+GENERATE_CACHED = ("vibevoice",)
 
 # Types ("type") or single heads ("type:variant") skipped outright, with the reason (kept short: they
 # appear in the report; an "upstream: ..." reason is shown as the root cause).

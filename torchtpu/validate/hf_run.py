@@ -306,6 +306,9 @@ def _gen_inputs(model, inputs) -> dict:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     model_type = getattr(model.config, "model_type", "")
+    if model_type in C.GENERATE_CACHED:
+        kw["use_cache"] = True
+        kw.setdefault("attention_mask", torch.ones_like(kw["input_ids"]))
     frames = C.GENERATE_FROM_AUDIO.get(model_type)
     if frames:
         batch = kw.pop("input_ids").shape[0]
@@ -328,6 +331,7 @@ def _generate(model, tmodel, inputs, mode, res) -> tuple[str, str]:
     kw = _gen_inputs(model, inputs)
     try:
         with torch.no_grad():
+            torch.manual_seed(SEED)  # generate loops that draw (a speech model's diffusion noise): the same draws
             expected = model.generate(**kw)
     except _Timeout:
         raise
@@ -337,14 +341,18 @@ def _generate(model, tmodel, inputs, mode, res) -> tuple[str, str]:
     torchtpu.reset_metrics()
     try:
         with _mode(mode), torch.no_grad():
+            torch.manual_seed(SEED)
             actual = tmodel.generate(**tkw)
-        actual = actual.cpu()
     except _Timeout:
         raise
     except Exception as e:
         return "tpu-error", f"{_failing_op(e)} {type(e).__name__}: {_short(e)}".strip()
     _, fb = _metrics()
     _merge(res.fallback_ops, fb, "generate:")
+    if not isinstance(expected, torch.Tensor):  # text-to-speech: waveforms, compared as outputs are
+        state, detail, _, _ = compare(actual, expected)
+        return state, detail
+    actual = actual.cpu()
     if actual.shape == expected.shape and torch.equal(actual, expected):
         return "match", ""
     n = inputs["input_ids"].shape[1] if "input_ids" in inputs and not model.config.is_encoder_decoder else 0
