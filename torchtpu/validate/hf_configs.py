@@ -485,6 +485,19 @@ OVERRIDES: dict[str, dict] = {
 # base model and the type's other heads keep the type's config.
 HEAD_OVERRIDES: dict[str, dict] = {
     # vision heads (segmentation, depth, pose, masked pretraining)
+    # the FPN neck reads four backbone taps: BeitModelTester's four layers, out_indices [1, 2, 3, 4]
+    "beit:semantic-seg": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]},
+    # the UperNet head fuses four feature maps; the default taps [3, 5, 7, 11] reach past the two tiny
+    # layers (Data2VecVisionModelTester: 2 layers, out_indices [0, 1, 2, 3])
+    "data2vec-vision:semantic-seg": {"out_indices": [0, 1, 2, 3]},
+    # one neck stage per tapped hidden state, the fusion stages at the hidden width: DPTModelTester's
+    # taps [0, 1, 2, 3] of two layers, neck_hidden_sizes [16, 32], fusion_hidden_size = hidden_size 32
+    "dpt:depth": {"backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 32], "fusion_hidden_size": 32},
+    "dpt:semantic-seg": {"backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 32],
+                         "fusion_hidden_size": 32},
+    # the mask head's first convolution reads d_model + one attention map per head in groups of 8
+    # channels (32 + 4 is not a multiple): DetrModelTester's 8 heads, and its 12 queries (one mask each)
+    "detr:universal-seg": {"encoder_attention_heads": 8, "decoder_attention_heads": 8, "num_queries": 12},
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
 
