@@ -190,12 +190,16 @@ OVERRIDES: dict[str, dict] = {
     "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2,
                         "text_config.moe_intermediate_size": 64, "canvas_length": 8},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
-    # its ModelTester's three stages (the last stage's width = hidden_size), 1x1 aggregation
+    # its ModelTester's three stages (the last stage's width = hidden_size), 1x1 aggregation; the per-block
+    # lists that __post_init__ derives from the stage lists are given too: the default config's derived
+    # lists (four stages, 64 wide) come back as constructor kwargs and would replace the derived ones
     "efficientloftr": {"stage_num_blocks": [1, 1, 1], "out_features": [32, 32, 128], "stage_stride": [2, 1, 2],
+                       "stage_in_channels": [1, 32, 32], "stage_block_stride": [[2], [1], [2]],
+                       "stage_block_in_channels": [[1], [32], [32]], "stage_block_out_channels": [[32], [32], [128]],
                        "q_aggregation_kernel_size": 1, "kv_aggregation_kernel_size": 1, "q_aggregation_stride": 1,
                        "kv_aggregation_stride": 1, "num_attention_layers": 2, "num_attention_heads": 8,
                        "num_key_value_heads": 8, "hidden_size": 128, "coarse_matching_threshold": 0.0,
-                       "fine_kernel_size": 2, "coarse_matching_border_removal": 0, "fine_fusion_dims": [128, 32, 32]},
+                       "fine_kernel_size": 2, "coarse_matching_border_removal": 0, "fine_fusion_dims": [128, 32]},
     "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
