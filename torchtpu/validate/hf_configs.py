@@ -502,6 +502,9 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # the mask head's first convolution reads d_model + one attention map per head in groups of 8
     # channels (32 + 4 is not a multiple): DetrModelTester's 8 heads, and its 12 queries (one mask each)
     "detr:universal-seg": {"encoder_attention_heads": 8, "decoder_attention_heads": 8, "num_queries": 12},
+    # the MAE decoder's sizes (None by default, a checkpoint sets them) and HieraModelTester's 64 px image:
+    # four 8x8-token mask units, so masking keeps one (at 32 px, one unit and none kept)
+    "hiera:pretraining": {"decoder_hidden_size": 2, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
 

@@ -279,7 +279,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         ps = _get(vc, "patch_size", default=t["patch"])
         h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
-        noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
+        n = (h // ps) * (w // ps)
+        mu = _get(vc, "masked_unit_size")
+        if isinstance(mu, (list, tuple)):  # Hiera masks whole units of (patch_stride-strided) tokens
+            stride = _get(vc, "patch_stride", default=[ps, ps])
+            n = (h // stride[0] // mu[0]) * (w // stride[-1] // mu[-1])
+        noise = torch.rand(b, n, generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
     if "shared_kv_states" in params:
         # speculative drafters (Gemma 4 assistants) read the target model's state: its hidden states at
