@@ -468,6 +468,18 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
             c[n] = torch.tensor([[2, 2]])
         elif n == "question_type_ids":
             c[n] = torch.zeros(1, 2, dtype=torch.long)
+        elif n == "bool_masked_pos" and "pixel_values" in c:
+            # masked-video pretraining (VideoMAE) requires the mask: one row per video, every row with
+            # the same count masked (the visible tokens are reshaped per row); ModelTester's 90 %, first ones
+            pv = c["pixel_values"]
+            ps = _get(cfg, "patch_size", default=t["patch"])
+            ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+            seq = (pv.shape[-2] // ps) * (pv.shape[-1] // ps)
+            if pv.dim() == 5:  # (batch, frames, channels, h, w): tubelets of tubelet_size frames
+                seq *= pv.shape[1] // (_get(cfg, "tubelet_size", default=1) or 1)
+            mask = torch.zeros(b, seq, dtype=torch.bool)
+            mask[:, :int(0.9 * seq)] = True
+            c[n] = mask
         elif n in ("prompt_pixel_values", "prompt_masks") and "pixel_values" in c:
             c[n] = torch.randn(*c["pixel_values"].shape, generator=g)
 
