@@ -228,6 +228,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         cands += _time_series(cfg, params, b, g)
     elif name == "inputs":  # Perceiver: its preprocessor's input, token ids for the text heads
         cands.append({name: ids(s), **({"attention_mask": text()["attention_mask"]} if "attention_mask" in params else {})})
+        cands.append({name: pixels()["pixel_values"]})  # ... and an image for the image heads' preprocessors
     elif name == "latents":  # codec decoders: (batch, latent channels, frames)
         ch = _get(cfg, "latent_dim", "hidden_size", default=t["hidden"])
         cands.append({name: torch.randn(b, ch, 8, generator=g)})
