@@ -505,6 +505,27 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # the MAE decoder's sizes (None by default, a checkpoint sets them) and HieraModelTester's 64 px image:
     # four 8x8-token mask units, so masking keeps one (at 32 px, one unit and none kept)
     "hiera:pretraining": {"decoder_hidden_size": 2, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
+    # Sapiens2's dense heads build their decoder from head_config (None by default, a checkpoint sets it):
+    # Sapiens2ModelTester's one head_config for every dense head, 4 labels (matting's RGB + alpha); the
+    # seg / pose heads upsample by transposed convolutions, the normal, pointmap and matting heads (as in
+    # their tests) by pixel shuffle; the pointmap head's scale branch (three stride-2 convolutions, each
+    # instance-normed: 2x2 at least) needs the tester's 2 px patches (a 16x16 grid; 4x4 at 8 px ends 1x1)
+    "sapiens2:semantic-seg": {"num_labels": 4, "head_config": {
+        "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:pose": {"num_labels": 4, "head_config": {
+        "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:normal-estimation": {"num_labels": 4, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:pointmap": {"num_labels": 4, "patch_size": 2, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1], "scale_conv_out_channels": [8, 4, 4],
+        "scale_conv_kernel_sizes": [1, 1, 1], "scale_final_hidden_sizes": [8, 4]}},
+    "sapiens2:image-matting": {"num_labels": 4, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
 
