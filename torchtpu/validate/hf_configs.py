@@ -190,12 +190,16 @@ OVERRIDES: dict[str, dict] = {
     "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2,
                         "text_config.moe_intermediate_size": 64, "canvas_length": 8},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
-    # its ModelTester's three stages (the last stage's width = hidden_size), 1x1 aggregation
+    # its ModelTester's three stages (the last stage's width = hidden_size), 1x1 aggregation; the per-block
+    # lists that __post_init__ derives from the stage lists are given too: the default config's derived
+    # lists (four stages, 64 wide) come back as constructor kwargs and would replace the derived ones
     "efficientloftr": {"stage_num_blocks": [1, 1, 1], "out_features": [32, 32, 128], "stage_stride": [2, 1, 2],
+                       "stage_in_channels": [1, 32, 32], "stage_block_stride": [[2], [1], [2]],
+                       "stage_block_in_channels": [[1], [32], [32]], "stage_block_out_channels": [[32], [32], [128]],
                        "q_aggregation_kernel_size": 1, "kv_aggregation_kernel_size": 1, "q_aggregation_stride": 1,
                        "kv_aggregation_stride": 1, "num_attention_layers": 2, "num_attention_heads": 8,
                        "num_key_value_heads": 8, "hidden_size": 128, "coarse_matching_threshold": 0.0,
-                       "fine_kernel_size": 2, "coarse_matching_border_removal": 0, "fine_fusion_dims": [128, 32, 32]},
+                       "fine_kernel_size": 2, "coarse_matching_border_removal": 0, "fine_fusion_dims": [128, 32]},
     "efficientnet": {"kernel_sizes": [3, 3, 5], "in_channels": [32, 16, 24], "out_channels": [16, 24, 20],
                      "strides": [1, 1, 2], "num_block_repeats": [1, 1, 2], "expand_ratios": [1, 6, 6],
                      "hidden_dim": 2560},  # = the top convolution's 1280 x width 2.0
@@ -485,6 +489,43 @@ OVERRIDES: dict[str, dict] = {
 # base model and the type's other heads keep the type's config.
 HEAD_OVERRIDES: dict[str, dict] = {
     # vision heads (segmentation, depth, pose, masked pretraining)
+    # the FPN neck reads four backbone taps: BeitModelTester's four layers, out_indices [1, 2, 3, 4]
+    "beit:semantic-seg": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]},
+    # the UperNet head fuses four feature maps; the default taps [3, 5, 7, 11] reach past the two tiny
+    # layers (Data2VecVisionModelTester: 2 layers, out_indices [0, 1, 2, 3])
+    "data2vec-vision:semantic-seg": {"out_indices": [0, 1, 2, 3]},
+    # one neck stage per tapped hidden state, the fusion stages at the hidden width: DPTModelTester's
+    # taps [0, 1, 2, 3] of two layers, neck_hidden_sizes [16, 32], fusion_hidden_size = hidden_size 32
+    "dpt:depth": {"backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 32], "fusion_hidden_size": 32},
+    "dpt:semantic-seg": {"backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [16, 32],
+                         "fusion_hidden_size": 32},
+    # the mask head's first convolution reads d_model + one attention map per head in groups of 8
+    # channels (32 + 4 is not a multiple): DetrModelTester's 8 heads, and its 12 queries (one mask each)
+    "detr:universal-seg": {"encoder_attention_heads": 8, "decoder_attention_heads": 8, "num_queries": 12},
+    # the MAE decoder's sizes (None by default, a checkpoint sets them) and HieraModelTester's 64 px image:
+    # four 8x8-token mask units, so masking keeps one (at 32 px, one unit and none kept)
+    "hiera:pretraining": {"decoder_hidden_size": 2, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
+    # Sapiens2's dense heads build their decoder from head_config (None by default, a checkpoint sets it):
+    # Sapiens2ModelTester's one head_config for every dense head, 4 labels (matting's RGB + alpha); the
+    # seg / pose heads upsample by transposed convolutions, the normal, pointmap and matting heads (as in
+    # their tests) by pixel shuffle; the pointmap head's scale branch (three stride-2 convolutions, each
+    # instance-normed: 2x2 at least) needs the tester's 2 px patches (a 16x16 grid; 4x4 at 8 px ends 1x1)
+    "sapiens2:semantic-seg": {"num_labels": 4, "head_config": {
+        "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:pose": {"num_labels": 4, "head_config": {
+        "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:normal-estimation": {"num_labels": 4, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
+    "sapiens2:pointmap": {"num_labels": 4, "patch_size": 2, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1], "scale_conv_out_channels": [8, 4, 4],
+        "scale_conv_kernel_sizes": [1, 1, 1], "scale_final_hidden_sizes": [8, 4]}},
+    "sapiens2:image-matting": {"num_labels": 4, "head_config": {
+        "use_pixel_shuffle": True, "upsample_out_channels": [8, 4, 4, 4], "upsample_kernel_sizes": [4, 4, 4, 4],
+        "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
 

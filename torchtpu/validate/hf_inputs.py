@@ -228,6 +228,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         cands += _time_series(cfg, params, b, g)
     elif name == "inputs":  # Perceiver: its preprocessor's input, token ids for the text heads
         cands.append({name: ids(s), **({"attention_mask": text()["attention_mask"]} if "attention_mask" in params else {})})
+        cands.append({name: pixels()["pixel_values"]})  # ... and an image for the image heads' preprocessors
     elif name == "latents":  # codec decoders: (batch, latent channels, frames)
         ch = _get(cfg, "latent_dim", "hidden_size", default=t["hidden"])
         cands.append({name: torch.randn(b, ch, 8, generator=g)})
@@ -279,7 +280,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         ps = _get(vc, "patch_size", default=t["patch"])
         h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
         ps = ps[0] if isinstance(ps, (list, tuple)) else ps
-        noise = torch.rand(b, (h // ps) * (w // ps), generator=g)
+        n = (h // ps) * (w // ps)
+        mu = _get(vc, "masked_unit_size")
+        if isinstance(mu, (list, tuple)):  # Hiera masks whole units of (patch_stride-strided) tokens
+            stride = _get(vc, "patch_stride", default=[ps, ps])
+            n = (h // stride[0] // mu[0]) * (w // stride[-1] // mu[-1])
+        noise = torch.rand(b, n, generator=g)
         cands = [dict(c, noise=noise) for c in cands] + cands
     if "shared_kv_states" in params:
         # speculative drafters (Gemma 4 assistants) read the target model's state: its hidden states at
@@ -463,6 +469,18 @@ def _fill_required(c: dict, params, cfg, b: int, s: int, ids, g) -> None:
             c[n] = torch.tensor([[2, 2]])
         elif n == "question_type_ids":
             c[n] = torch.zeros(1, 2, dtype=torch.long)
+        elif n == "bool_masked_pos" and "pixel_values" in c:
+            # masked-video pretraining (VideoMAE) requires the mask: one row per video, every row with
+            # the same count masked (the visible tokens are reshaped per row); ModelTester's 90 %, first ones
+            pv = c["pixel_values"]
+            ps = _get(cfg, "patch_size", default=t["patch"])
+            ps = ps[0] if isinstance(ps, (list, tuple)) else ps
+            seq = (pv.shape[-2] // ps) * (pv.shape[-1] // ps)
+            if pv.dim() == 5:  # (batch, frames, channels, h, w): tubelets of tubelet_size frames
+                seq *= pv.shape[1] // (_get(cfg, "tubelet_size", default=1) or 1)
+            mask = torch.zeros(b, seq, dtype=torch.bool)
+            mask[:, :int(0.9 * seq)] = True
+            c[n] = mask
         elif n in ("prompt_pixel_values", "prompt_masks") and "pixel_values" in c:
             c[n] = torch.randn(*c["pixel_values"].shape, generator=g)
 
