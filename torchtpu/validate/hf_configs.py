@@ -487,6 +487,17 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # vision heads (segmentation, depth, pose, masked pretraining)
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
+    # the retrieval head embeds the caption with the Q-Former's own text layers, which exist only with
+    # its text input on (Blip2TextRetrievalModelTester's qformer_kwargs)
+    "blip-2:zero-shot-image-cls": {"qformer_config.use_qformer_text_input": True},
+    # the VLM head maps image codes to text tokens through the tokenizer's vocabulary (None in the default
+    # config, a checkpoint sets it); its __init__ reads the image and end-of-line tokens from it
+    # (Emu3Vision2TextModelTester builds one); the image token above the dummy prompts' ids (3..94)
+    "emu3:image-text-to-text": {"vocabulary_map": {"<image>": 95, "<|extra_200|>": 94}},
+    # the tower's pixel-shuffle MLP reads hidden / ratio^2 features as its intermediate_size and projects to
+    # projector_input_dim (4096 by default): Llama4ForVisionText2TextModelTester's vision_config widths
+    "llama4:image": {"vision_config.intermediate_size": 128, "vision_config.projector_input_dim": 32,
+                     "vision_config.projector_output_dim": 32, "vision_config.vision_output_dim": 32},
 
     # text, audio and decision heads
 
@@ -645,6 +656,10 @@ GENERATE_FROM_AUDIO = {"kyutai_speech_to_text": 9}
 # Types ("type") or single heads ("type:variant") skipped outright, with the reason (kept short: they
 # appear in the report; an "upstream: ..." reason is shown as the root cause).
 SKIP: dict[str, str] = {
+    "llama4:image-text-to-text": "upstream: Llama4ForConditionalGeneration.forward returns image_outputs=outputs.image_outputs "
+                                 "(modeling_llama4.py:1318), but outputs is its language model's MoeCausalLMOutputWithPast "
+                                 "(Llama4ForCausalLM, :638), which has no such field: every return_dict forward raises "
+                                 "AttributeError",
 }
 
 # The representative subset `make test` runs (tests/test_hf.py): type -> expected forward state
