@@ -498,6 +498,9 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # projector_input_dim (4096 by default): Llama4ForVisionText2TextModelTester's vision_config widths
     "llama4:image": {"vision_config.intermediate_size": 128, "vision_config.projector_input_dim": 32,
                      "vision_config.projector_output_dim": 32, "vision_config.vision_output_dim": 32},
+    # the tower returns the hidden states of these layers beside its last (default: layers 3..30 of 32, past
+    # the tiny depth); MllamaVisionText2TextModelTester's [0]
+    "mllama:image": {"vision_config.intermediate_layers_indices": [0]},
 
     # text, audio and decision heads
 
