@@ -501,6 +501,17 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # the tower returns the hidden states of these layers beside its last (default: layers 3..30 of 32, past
     # the tiny depth); MllamaVisionText2TextModelTester's [0]
     "mllama:image": {"vision_config.intermediate_layers_indices": [0]},
+    # the video types' image mask-generation heads (Sam2Model, EdgeTamModel) run the same Hiera tower, FPN and
+    # prompt / mask decoders as sam2 over the video config: sam2's tiny values (Sam2ModelTester's stages)
+    "sam2_video:mask-generation": OVERRIDES["sam2"],
+    "edgetam_video:mask-generation": OVERRIDES["sam2"],
+    # Sam3TrackerModel is built from the video config's tracker_config: sam3_tracker's tiny values there
+    "sam3_video:mask-generation": {
+        "tracker_config.vision_config.fpn_hidden_size": 32,
+        "tracker_config.vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+        "tracker_config.vision_config.backbone_config.window_size": 2,
+        "tracker_config.vision_config.backbone_config.global_attn_indexes": [1],
+        "tracker_config.mask_decoder_config.iou_head_hidden_dim": 32},
 
     # text, audio and decision heads
 
