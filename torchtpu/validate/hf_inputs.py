@@ -351,12 +351,6 @@ def make_inputs(model, variant: str) -> list[dict]:
             dec = torch.stack([dec] * n, -1)  # (batch, seq, channels): the 2-D layout hits a .view
         for c in cands:
             c["decoder_input_ids"] = dec
-    if not getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
-        # a text decoder over an image-text encoder in a config that is not encoder-decoder (BLIP's VQA
-        # head: its forward refuses to run without decoder ids or labels); appended, so a forward that
-        # takes decoder ids as optional keeps the candidate it takes today
-        dec = ids(t["decoder_seq"])
-        cands += [dict(c, decoder_input_ids=dec) for c in cands if "input_ids" in c]
     canvas = getattr(cfg, "canvas_length", None)
     if isinstance(canvas, int) and "decoder_input_ids" in params:
         # block diffusion (diffusion_gemma): without a canvas the forward draws one with randint on
@@ -364,6 +358,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         dec = ids(canvas)
         for c in cands:
             c.setdefault("decoder_input_ids", dec)
+    if not getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        # a text decoder over an image-text encoder in a config that is not encoder-decoder (BLIP's VQA
+        # head: its forward refuses to run without decoder ids or labels); appended, so a forward that
+        # takes decoder ids as optional keeps the candidate it takes today, and its dummy values (drawn last)
+        dec = ids(t["decoder_seq"])
+        cands += [dict(c, decoder_input_ids=dec) for c in cands if "input_ids" in c and "decoder_input_ids" not in c]
     if getattr(cfg, "is_encoder_decoder", False) and variant in ("seq-cls", "qa", "token-cls"):
         # encoder-decoder classifiers shift input_ids into the decoder themselves and pool at
         # the <eos> token (one per row, BART-style): no decoder ids, an <eos> ending each row
