@@ -528,6 +528,31 @@ HEAD_OVERRIDES: dict[str, dict] = {
         "conv_out_channels": [4, 4, 4], "conv_kernel_sizes": [1, 1, 1]}},
 
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
+    # the retrieval head embeds the caption with the Q-Former's own text layers, which exist only with
+    # its text input on (Blip2TextRetrievalModelTester's qformer_kwargs)
+    "blip-2:zero-shot-image-cls": {"qformer_config.use_qformer_text_input": True},
+    # the VLM head maps image codes to text tokens through the tokenizer's vocabulary (None in the default
+    # config, a checkpoint sets it); its __init__ reads the image and end-of-line tokens from it
+    # (Emu3Vision2TextModelTester builds one); the image token above the dummy prompts' ids (3..94)
+    "emu3:image-text-to-text": {"vocabulary_map": {"<image>": 95, "<|extra_200|>": 94}},
+    # the tower's pixel-shuffle MLP reads hidden / ratio^2 features as its intermediate_size and projects to
+    # projector_input_dim (4096 by default): Llama4ForVisionText2TextModelTester's vision_config widths
+    "llama4:image": {"vision_config.intermediate_size": 128, "vision_config.projector_input_dim": 32,
+                     "vision_config.projector_output_dim": 32, "vision_config.vision_output_dim": 32},
+    # the tower returns the hidden states of these layers beside its last (default: layers 3..30 of 32, past
+    # the tiny depth); MllamaVisionText2TextModelTester's [0]
+    "mllama:image": {"vision_config.intermediate_layers_indices": [0]},
+    # the video types' image mask-generation heads (Sam2Model, EdgeTamModel) run the same Hiera tower, FPN and
+    # prompt / mask decoders as sam2 over the video config: sam2's tiny values (Sam2ModelTester's stages)
+    "sam2_video:mask-generation": OVERRIDES["sam2"],
+    "edgetam_video:mask-generation": OVERRIDES["sam2"],
+    # Sam3TrackerModel is built from the video config's tracker_config: sam3_tracker's tiny values there
+    "sam3_video:mask-generation": {
+        "tracker_config.vision_config.fpn_hidden_size": 32,
+        "tracker_config.vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+        "tracker_config.vision_config.backbone_config.window_size": 2,
+        "tracker_config.vision_config.backbone_config.global_attn_indexes": [1],
+        "tracker_config.mask_decoder_config.iou_head_hidden_dim": 32},
 
     # text, audio and decision heads
 
@@ -691,6 +716,10 @@ GENERATE_CACHED = ("vibevoice",)
 # Types ("type") or single heads ("type:variant") skipped outright, with the reason (kept short: they
 # appear in the report; an "upstream: ..." reason is shown as the root cause).
 SKIP: dict[str, str] = {
+    "llama4:image-text-to-text": "upstream: Llama4ForConditionalGeneration.forward returns image_outputs=outputs.image_outputs "
+                                 "(modeling_llama4.py:1318), but outputs is its language model's MoeCausalLMOutputWithPast "
+                                 "(Llama4ForCausalLM, :638), which has no such field: every return_dict forward raises "
+                                 "AttributeError",
 }
 
 # The representative subset `make test` runs (tests/test_hf.py): type -> expected forward state

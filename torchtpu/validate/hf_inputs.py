@@ -189,6 +189,16 @@ def make_inputs(model, variant: str) -> list[dict]:
             cands += [{**pixels(name), **text()}]
             # several images or frames per prompt (InstructBLIP-Video, IDEFICS): (batch, n, channels, h, w)
             cands += [{**pixels(name, video=True), **text()}]
+        if "aspect_ratio_ids" in params:
+            # tiled images (Mllama): (batch, images, tiles, channels, h, w), one image per row cut into
+            # max_num_tiles tiles, its aspect-ratio id the 1-based index of a tile grid of that many tiles
+            vc = getattr(cfg, "vision_config", None) or cfg
+            tiles = _get(vc, "max_num_tiles", default=4)
+            ratios = _get(vc, "supported_aspect_ratios", default=[]) or []
+            rid = next((i + 1 for i, r in enumerate(ratios) if r[0] * r[1] == tiles), 1)
+            cands.append({name: torch.stack([pixels(name)[name] for _ in range(tiles)], 1)[:, None],
+                          "aspect_ratio_ids": torch.full((b, 1), rid),
+                          "aspect_ratio_mask": torch.ones(b, 1, tiles, dtype=torch.long)})
     elif name == "input_features":
         bins = _get(cfg, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
         bins *= getattr(cfg, "num_stacked_frames", None) or 1  # low-frame-rate encoders stack mel frames
@@ -354,6 +364,12 @@ def make_inputs(model, variant: str) -> list[dict]:
         dec = ids(canvas)
         for c in cands:
             c.setdefault("decoder_input_ids", dec)
+    if not getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        # a text decoder over an image-text encoder in a config that is not encoder-decoder (BLIP's VQA
+        # head: its forward refuses to run without decoder ids or labels); appended, so a forward that
+        # takes decoder ids as optional keeps the candidate it takes today, and its dummy values (drawn last)
+        dec = ids(t["decoder_seq"])
+        cands += [dict(c, decoder_input_ids=dec) for c in cands if "input_ids" in c and "decoder_input_ids" not in c]
     if getattr(cfg, "is_encoder_decoder", False) and variant in ("seq-cls", "qa", "token-cls"):
         # encoder-decoder classifiers shift input_ids into the decoder themselves and pool at
         # the <eos> token (one per row, BART-style): no decoder ids, an <eos> ending each row
