@@ -69,10 +69,34 @@ def build(model_type: str, cls_name: str, attn: str | None = None, variant: str 
                     if isinstance(getattr(cfg, k, None), want)), None)
         if sub is not None:
             cfg = sub
+        else:
+            cfg = _wrap(want, cfg)
     torch.manual_seed(0)
     kw = {"attn_implementation": attn} if attn else {}
     model = cls._from_config(cfg, dtype=torch.float32, **kw)
     return model.eval()
+
+
+def _wrap(want: type, cfg):
+    """`cfg` as the sub-config of a head config class that wraps a model of any type (a decision
+    head's JevConfig: its text_config is the config of the model it reads, an AutoConfig sub-config,
+    as DecisionMixin.checkpoint_config builds it from a checkpoint's own config.json). The head's own
+    fields that the wrapped model's text config also has (its hidden_size) take that model's values.
+    Any other pair of classes (a composite config with several sub-configs): `cfg` unchanged."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    subs = getattr(want, "sub_configs", None) or {}
+    # one sub-config, of any type: composite configs (text + vision towers) never qualify
+    if len(subs) != 1 or next(iter(subs.values())) is not AutoConfig or not dataclasses.is_dataclass(want):
+        return cfg
+    key = next(iter(subs))
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    own = {f.name for f in dataclasses.fields(want)} - {f.name for f in dataclasses.fields(want.__mro__[1])} \
+        if dataclasses.is_dataclass(want.__mro__[1]) else set()
+    shared = {k: getattr(text, k) for k in own if k != key and getattr(text, k, None) is not None}
+    return want(**{key: cfg}, **shared)
 
 
 def reference(model_type: str, variant: str, cls_name: str, attn: str | None = None,
