@@ -489,6 +489,8 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # multimodal heads (VQA, zero-shot, vision towers, video mask generation)
 
     # text, audio and decision heads
+    # the LM head asserts a causal (decoder) config; ReformerModelTester sets is_decoder=True for it
+    "reformer:causal-lm": {"is_decoder": True},
 
 }
 

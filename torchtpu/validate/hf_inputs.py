@@ -358,6 +358,14 @@ def make_inputs(model, variant: str) -> list[dict]:
             if eos is not None and "input_ids" in c and eos < vocab:
                 c["input_ids"] = c["input_ids"].clone()
                 c["input_ids"][:, -1] = eos
+    if "global_attention_mask" in params:
+        # Longformer's QA / multiple-choice heads derive global attention from exactly three
+        # separator tokens per row unless given it: global attention on each row's first token
+        # (its ModelTester gives the common inputs one global token)
+        for c in [c for c in cands if "input_ids" in c and "global_attention_mask" not in c]:
+            glob = torch.zeros_like(c["input_ids"])
+            glob[..., 0] = 1
+            cands.append(dict(c, global_attention_mask=glob))
     if variant == "multiple-choice":  # (batch, choices, seq): each row's text as 2 choices
         cands = [{k: v[:, None].expand(-1, 2, *v.shape[1:]).contiguous() if v.dim() == 2 else v
                   for k, v in c.items()} for c in cands]
