@@ -64,6 +64,18 @@ def _class_modality(cls_name: str, model_type: str | None = None) -> str:
             "audio_values": "audio", "audio_mel": "audio", "past_values": "time-series"}.get(name, "other")
 
 
+def _text_config(cfg):
+    """The config of the text the inputs' ids are drawn for. Text-to-audio models with a text
+    encoder and a (codebook) decoder (MusicGen) name both, which get_text_config() refuses as
+    ambiguous: input_ids feed the encoder end."""
+    if not hasattr(cfg, "get_text_config"):
+        return cfg
+    try:
+        return cfg.get_text_config()
+    except ValueError:
+        return cfg.get_text_config(encoder=True)
+
+
 def make_inputs(model, variant: str) -> list[dict]:
     """Candidate dummy inputs for `model`, on CPU, from a fixed seed: the first that the CPU
     reference accepts is used (layouts differ between model families with the same main input)."""
@@ -78,7 +90,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         name = next((n for n in C.MAIN_INPUTS if n in params), name)
     arg, name = C.MAIN_INPUT_AS.get(getattr(cfg, "model_type", ""), (name, name))
     b, s = C.BATCH.get(getattr(cfg, "model_type", ""), t["batch"]), t["seq"]
-    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text_cfg = _text_config(cfg)
     vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
 
     def ids(n):
@@ -339,6 +351,11 @@ def make_inputs(model, variant: str) -> list[dict]:
         if getattr(cfg, "model_type", "") in C.DECODER_CODEBOOK_ROWS:
             n = _get(getattr(cfg, "decoder_config", cfg), "num_channels", "num_codebooks", default=1)
             dec = torch.stack([dec] * n, -1)  # (batch, seq, channels): the 2-D layout hits a .view
+        elif getattr(cfg, "model_type", "") in C.CODEBOOK_ROWS:
+            # MusicGen's text-to-audio model: its decoder reads (batch * codebooks, seq), as its
+            # ModelTester's decoder_input_ids
+            n = getattr(getattr(cfg, "decoder", None), "num_codebooks", None) or 1
+            dec = torch.cat([dec] * n, 1).reshape(b * n, -1)
         for c in cands:
             c["decoder_input_ids"] = dec
     canvas = getattr(cfg, "canvas_length", None)
