@@ -215,6 +215,11 @@ def make_inputs(model, variant: str) -> list[dict]:
                 ones = torch.ones(b, frames, dtype=torch.long)
                 cands += [{name: x.transpose(1, 2).contiguous(), mk: ones}, {name: x, mk: ones},
                           {name: x, mk: ones.bool()}]
+        proj = getattr(cfg, "feature_projection_input_dim", None)
+        if isinstance(proj, int) and proj != bins:
+            # conformer speech encoders that project feature rows of their own width (SeamlessM4T's
+            # speech encoder: (batch, frames, 160), its ModelTester's input_features)
+            cands.append({name: torch.randn(b, frames, proj, generator=g)})
     elif name == "input_values":
         if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):  # spectrogram transformers
             cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
