@@ -363,6 +363,13 @@ def make_inputs(model, variant: str) -> list[dict]:
             dec = torch.cat([dec] * n, 1).reshape(b * n, -1)
         for c in cands:
             c["decoder_input_ids"] = dec
+    mels = getattr(cfg, "num_mel_bins", None)
+    if "decoder_input_values" in params and isinstance(mels, int):
+        # text-to-speech decoders (SpeechT5) read mel frames, not ids: (batch, frames, num_mel_bins),
+        # as SpeechT5ForTextToSpeechTester's decoder_input_values
+        dec = torch.randn(b, t["decoder_seq"], mels, generator=g)
+        for c in cands:
+            c.setdefault("decoder_input_values", dec)
     canvas = getattr(cfg, "canvas_length", None)
     if isinstance(canvas, int) and "decoder_input_ids" in params:
         # block diffusion (diffusion_gemma): without a canvas the forward draws one with randint on
