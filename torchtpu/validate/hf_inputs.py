@@ -395,6 +395,11 @@ def make_inputs(model, variant: str) -> list[dict]:
             glob = torch.zeros_like(c["input_ids"])
             glob[..., 0] = 1
             cands.append(dict(c, global_attention_mask=glob))
+    if "question_positions" in params:
+        # Splinter's pretraining head needs a question token in every row unless told where its
+        # questions are: two per row, as SplinterModelTester passes question_positions
+        qpos = torch.tensor([[1, s // 2]] * b)
+        cands += [dict(c, question_positions=qpos) for c in cands if "input_ids" in c]
     if variant == "multiple-choice":  # (batch, choices, seq): each row's text as 2 choices
         cands = [{k: v[:, None].expand(-1, 2, *v.shape[1:]).contiguous() if v.dim() == 2 else v
                   for k, v in c.items()} for c in cands]
