@@ -491,6 +491,9 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # text, audio and decision heads
     # the LM head asserts a causal (decoder) config; ReformerModelTester sets is_decoder=True for it
     "reformer:causal-lm": {"is_decoder": True},
+    # the encoder-only class refuses an encoder-decoder config; T5GemmaEncoderOnlyModelTester builds it with
+    # is_encoder_decoder=False
+    "t5gemma:text-encoding": {"is_encoder_decoder": False},
 
 }
 
