@@ -296,6 +296,16 @@ def _gen_inputs(model, inputs) -> dict:
     if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    per_tok = getattr(model.config, "audio_length_per_tok", None)
+    feats = kw.get("input_features")
+    if isinstance(per_tok, int) and isinstance(feats, torch.Tensor) and "input_ids" in kw:
+        # Voxtral Realtime streams one token per audio token (per_tok feature frames) and stops at
+        # the audio's end (its _prepare_generated_length caps max_length there): the forward's
+        # audio covers the prompt only, so generate gets audio for the 8 new tokens too
+        need = (kw["input_ids"].shape[1] + kw["max_new_tokens"]) * per_tok - feats.shape[-1]
+        if need > 0:
+            g = torch.Generator().manual_seed(SEED)
+            kw["input_features"] = torch.cat([feats, torch.randn(*feats.shape[:-1], need, generator=g)], -1)
     model_type = getattr(model.config, "model_type", "")
     frames = C.GENERATE_FROM_AUDIO.get(model_type)
     if frames:
