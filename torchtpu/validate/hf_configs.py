@@ -494,6 +494,10 @@ HEAD_OVERRIDES: dict[str, dict] = {
     # the encoder-only class refuses an encoder-decoder config; T5GemmaEncoderOnlyModelTester builds it with
     # is_encoder_decoder=False
     "t5gemma:text-encoding": {"is_encoder_decoder": False},
+    # CTC heads size their output by vocab_size, None in these default configs (a checkpoint sets it): the
+    # ModelTesters' 32
+    "wav2vec2-bert:ctc": {"vocab_size": 32},
+    "wav2vec2-conformer:ctc": {"vocab_size": 32},
 
 }
 
