@@ -555,6 +555,15 @@ HEAD_OVERRIDES: dict[str, dict] = {
         "tracker_config.mask_decoder_config.iou_head_hidden_dim": 32},
 
     # text, audio and decision heads
+    # the LM head asserts a causal (decoder) config; ReformerModelTester sets is_decoder=True for it
+    "reformer:causal-lm": {"is_decoder": True},
+    # the encoder-only class refuses an encoder-decoder config; T5GemmaEncoderOnlyModelTester builds it with
+    # is_encoder_decoder=False
+    "t5gemma:text-encoding": {"is_encoder_decoder": False},
+    # CTC heads size their output by vocab_size, None in these default configs (a checkpoint sets it): the
+    # ModelTesters' 32
+    "wav2vec2-bert:ctc": {"vocab_size": 32},
+    "wav2vec2-conformer:ctc": {"vocab_size": 32},
 
 }
 

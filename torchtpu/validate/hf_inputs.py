@@ -64,6 +64,18 @@ def _class_modality(cls_name: str, model_type: str | None = None) -> str:
             "audio_values": "audio", "audio_mel": "audio", "past_values": "time-series"}.get(name, "other")
 
 
+def _text_config(cfg):
+    """The config of the text the inputs' ids are drawn for. Text-to-audio models with a text
+    encoder and a (codebook) decoder (MusicGen) name both, which get_text_config() refuses as
+    ambiguous: input_ids feed the encoder end."""
+    if not hasattr(cfg, "get_text_config"):
+        return cfg
+    try:
+        return cfg.get_text_config()
+    except ValueError:
+        return cfg.get_text_config(encoder=True)
+
+
 def make_inputs(model, variant: str) -> list[dict]:
     """Candidate dummy inputs for `model`, on CPU, from a fixed seed: the first that the CPU
     reference accepts is used (layouts differ between model families with the same main input)."""
@@ -78,7 +90,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         name = next((n for n in C.MAIN_INPUTS if n in params), name)
     arg, name = C.MAIN_INPUT_AS.get(getattr(cfg, "model_type", ""), (name, name))
     b, s = C.BATCH.get(getattr(cfg, "model_type", ""), t["batch"]), t["seq"]
-    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text_cfg = _text_config(cfg)
     vocab = getattr(text_cfg, "vocab_size", None) or _get(cfg, "vocab_size", default=t["vocab"])
 
     def ids(n):
@@ -213,6 +225,11 @@ def make_inputs(model, variant: str) -> list[dict]:
                 ones = torch.ones(b, frames, dtype=torch.long)
                 cands += [{name: x.transpose(1, 2).contiguous(), mk: ones}, {name: x, mk: ones},
                           {name: x, mk: ones.bool()}]
+        proj = getattr(cfg, "feature_projection_input_dim", None)
+        if isinstance(proj, int) and proj != bins:
+            # conformer speech encoders that project feature rows of their own width (SeamlessM4T's
+            # speech encoder: (batch, frames, 160), its ModelTester's input_features)
+            cands.append({name: torch.randn(b, frames, proj, generator=g)})
     elif name == "input_values":
         if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):  # spectrogram transformers
             cands.append({name: torch.randn(b, cfg.max_length, cfg.num_mel_bins, generator=g)})
@@ -355,8 +372,20 @@ def make_inputs(model, variant: str) -> list[dict]:
         if getattr(cfg, "model_type", "") in C.DECODER_CODEBOOK_ROWS:
             n = _get(getattr(cfg, "decoder_config", cfg), "num_channels", "num_codebooks", default=1)
             dec = torch.stack([dec] * n, -1)  # (batch, seq, channels): the 2-D layout hits a .view
+        elif getattr(cfg, "model_type", "") in C.CODEBOOK_ROWS:
+            # MusicGen's text-to-audio model: its decoder reads (batch * codebooks, seq), as its
+            # ModelTester's decoder_input_ids
+            n = getattr(getattr(cfg, "decoder", None), "num_codebooks", None) or 1
+            dec = torch.cat([dec] * n, 1).reshape(b * n, -1)
         for c in cands:
             c["decoder_input_ids"] = dec
+    mels = getattr(cfg, "num_mel_bins", None)
+    if "decoder_input_values" in params and isinstance(mels, int):
+        # text-to-speech decoders (SpeechT5) read mel frames, not ids: (batch, frames, num_mel_bins),
+        # as SpeechT5ForTextToSpeechTester's decoder_input_values
+        dec = torch.randn(b, t["decoder_seq"], mels, generator=g)
+        for c in cands:
+            c.setdefault("decoder_input_values", dec)
     canvas = getattr(cfg, "canvas_length", None)
     if isinstance(canvas, int) and "decoder_input_ids" in params:
         # block diffusion (diffusion_gemma): without a canvas the forward draws one with randint on
@@ -380,6 +409,19 @@ def make_inputs(model, variant: str) -> list[dict]:
             if eos is not None and "input_ids" in c and eos < vocab:
                 c["input_ids"] = c["input_ids"].clone()
                 c["input_ids"][:, -1] = eos
+    if "global_attention_mask" in params:
+        # Longformer's QA / multiple-choice heads derive global attention from exactly three
+        # separator tokens per row unless given it: global attention on each row's first token
+        # (its ModelTester gives the common inputs one global token)
+        for c in [c for c in cands if "input_ids" in c and "global_attention_mask" not in c]:
+            glob = torch.zeros_like(c["input_ids"])
+            glob[..., 0] = 1
+            cands.append(dict(c, global_attention_mask=glob))
+    if "question_positions" in params:
+        # Splinter's pretraining head needs a question token in every row unless told where its
+        # questions are: two per row, as SplinterModelTester passes question_positions
+        qpos = torch.tensor([[1, s // 2]] * b)
+        cands += [dict(c, question_positions=qpos) for c in cands if "input_ids" in c]
     if variant == "multiple-choice":  # (batch, choices, seq): each row's text as 2 choices
         cands = [{k: v[:, None].expand(-1, 2, *v.shape[1:]).contiguous() if v.dim() == 2 else v
                   for k, v in c.items()} for c in cands]

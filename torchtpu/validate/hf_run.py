@@ -69,10 +69,34 @@ def build(model_type: str, cls_name: str, attn: str | None = None, variant: str 
                     if isinstance(getattr(cfg, k, None), want)), None)
         if sub is not None:
             cfg = sub
+        else:
+            cfg = _wrap(want, cfg)
     torch.manual_seed(0)
     kw = {"attn_implementation": attn} if attn else {}
     model = cls._from_config(cfg, dtype=torch.float32, **kw)
     return model.eval()
+
+
+def _wrap(want: type, cfg):
+    """`cfg` as the sub-config of a head config class that wraps a model of any type (a decision
+    head's JevConfig: its text_config is the config of the model it reads, an AutoConfig sub-config,
+    as DecisionMixin.checkpoint_config builds it from a checkpoint's own config.json). The head's own
+    fields that the wrapped model's text config also has (its hidden_size) take that model's values.
+    Any other pair of classes (a composite config with several sub-configs): `cfg` unchanged."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    subs = getattr(want, "sub_configs", None) or {}
+    # one sub-config, of any type: composite configs (text + vision towers) never qualify
+    if len(subs) != 1 or next(iter(subs.values())) is not AutoConfig or not dataclasses.is_dataclass(want):
+        return cfg
+    key = next(iter(subs))
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    own = {f.name for f in dataclasses.fields(want)} - {f.name for f in dataclasses.fields(want.__mro__[1])} \
+        if dataclasses.is_dataclass(want.__mro__[1]) else set()
+    shared = {k: getattr(text, k) for k in own if k != key and getattr(text, k, None) is not None}
+    return want(**{key: cfg}, **shared)
 
 
 def reference(model_type: str, variant: str, cls_name: str, attn: str | None = None,
@@ -305,6 +329,16 @@ def _gen_inputs(model, inputs) -> dict:
     if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         kw["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    per_tok = getattr(model.config, "audio_length_per_tok", None)
+    feats = kw.get("input_features")
+    if isinstance(per_tok, int) and isinstance(feats, torch.Tensor) and "input_ids" in kw:
+        # Voxtral Realtime streams one token per audio token (per_tok feature frames) and stops at
+        # the audio's end (its _prepare_generated_length caps max_length there): the forward's
+        # audio covers the prompt only, so generate gets audio for the 8 new tokens too
+        need = (kw["input_ids"].shape[1] + kw["max_new_tokens"]) * per_tok - feats.shape[-1]
+        if need > 0:
+            g = torch.Generator().manual_seed(SEED)
+            kw["input_features"] = torch.cat([feats, torch.randn(*feats.shape[:-1], need, generator=g)], -1)
     model_type = getattr(model.config, "model_type", "")
     if model_type in C.GENERATE_CACHED:
         kw["use_cache"] = True
