@@ -17,6 +17,7 @@ table does not hold is handled here by kind:
 """
 from __future__ import annotations
 
+import contextvars
 import math
 
 import jax
@@ -61,9 +62,50 @@ def is_view(op: torch._ops.OpOverload) -> bool:
     return info is not None and not info.is_write
 
 
+# While a program traces at one signature's sizes: each symbol Dynamo made of a size -> its value
+# (Program.__call__ binds them from the inputs)
+_SIZES: contextvars.ContextVar = contextvars.ContextVar("torchtpu_graph_sizes", default=None)
+
+
 def _meta_of(node_or_val):
+    """A node's traced value, at this call's sizes where the trace left them symbolic (a graph
+    over sizes Dynamo made symbolic jits per size; a symbolic size read as an int would be the
+    size it was traced at)."""
     v = node_or_val.meta.get("val") if isinstance(node_or_val, torch.fx.Node) else node_or_val
+    sizes = _SIZES.get()
+    if sizes and isinstance(v, torch.Tensor) and _has_symbols(v):
+        return _at_sizes(v, sizes)
     return v
+
+
+def _has_symbols(v) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in (*v.shape, *v.stride(), v.storage_offset()))
+
+
+def _at_sizes(v, sizes) -> torch.Tensor:
+    """A meta tensor laid out as the fake `v`, its symbolic sizes, strides and offset evaluated."""
+    def ev(n):
+        return int(n.node.expr.subs(sizes)) if isinstance(n, torch.SymInt) else int(n)
+
+    shape, stride, offset = [ev(n) for n in v.shape], [ev(n) for n in v.stride()], ev(v.storage_offset())
+    span = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0)
+    return torch.empty(span, dtype=v.dtype, device="meta").as_strided(shape, stride, offset)
+
+
+def _bind_sizes(placeholders, inputs) -> dict:
+    """Each size symbol of the graph's inputs -> its value in `inputs` (SymInt inputs, array shapes)."""
+    import sympy
+
+    sizes = {}
+    for n, x in zip(placeholders, inputs):
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol) and isinstance(x, int):
+            sizes.setdefault(val.node.expr, x)
+        elif isinstance(val, torch.Tensor) and hasattr(x, "shape") and len(x.shape) == val.dim():
+            for m, k in zip(val.shape, x.shape):
+                if isinstance(m, torch.SymInt) and isinstance(m.node.expr, sympy.Symbol):
+                    sizes.setdefault(m.node.expr, int(k))
+    return sizes
 
 
 class Program:
@@ -73,6 +115,9 @@ class Program:
         self.gm = gm
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        # traced over sizes Dynamo made symbolic: traced values are read at each call's sizes
+        self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
+                            for v in (n.meta.get("val") for n in self.placeholders))
         self.n_random = 0
         self.fallback_ops: list[str] = []
         # the part of the graph that only touches CPU values (an optimizer's step counts and
@@ -120,14 +165,21 @@ class Program:
         index = {n: i for i, n in enumerate(self.placeholders)}
         mutated: dict[int, jax.Array] = {}
         base_key = (key if key is not None else rng.key(*rngdata)) if self.n_random else None
-        n_random = 0
-        result = None
         host = self.host
         if host is not None:
             env.update(zip(host.to_device, host_values))
             skip = host.nodes
         else:
             skip = ()
+        token = _SIZES.set(_bind_sizes(self.placeholders, inputs) if self.symbolic else None)
+        try:
+            return self._walk(env, index, inputs, mutated, base_key, skip)
+        finally:
+            _SIZES.reset(token)
+
+    def _walk(self, env, index, inputs, mutated, base_key, skip):
+        n_random = 0
+        result = None
         for node in self.nodes:
             if node in skip and node.op != "placeholder":  # a SymInt input feeds both parts
                 continue

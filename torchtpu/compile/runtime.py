@@ -103,6 +103,9 @@ class CompiledGraph:
         # outputs whose fake values are laid out otherwise than contiguous (channels_last):
         # the program writes them in that order and they get those strides, as eager's do
         self.out_strides = [memory_format.fake_strides(v) for v in self.out_vals]
+        # the same for outputs whose traced strides are expressions in sizes Dynamo made
+        # symbolic: evaluated per call's sizes (a jitted program per size)
+        self.layouts = _SymbolicLayouts([n for n in gm.graph.nodes if n.op == "placeholder"], self.out_vals)
         # Outputs the program need not produce: an input returned unchanged (aot_autograd's
         # forward returns the parameters it saves for backward) is that input tensor itself,
         # as Inductor returns it, and a node returned twice is one tensor. Each would
@@ -141,14 +144,15 @@ class CompiledGraph:
         self.grown = _grown_inputs(gm, placeholders) if self.symbolic else ()
         self.gm = gm if self.symbolic else None  # (what the deferred route runs)
 
-    def _make(self, sig, donate):
+    def _make(self, sig, donate, out_strides=None):
         """The jitted program for one input signature, and what its trace learns
         (output shapes, which CPU inputs it mutates), filled in on first call.
-        Buffers at the positions in `donate` are handed to XLA to overwrite."""
+        Buffers at the positions in `donate` are handed to XLA to overwrite.
+        `out_strides`: the outputs' layouts at this signature's sizes (else the traced ones)."""
         program = self.program
         reuse = self.reuse
-        out_strides = self.out_strides
-        learned = {}
+        out_strides = self.out_strides if out_strides is None else out_strides
+        learned = {"out_strides": out_strides}
 
         def run(donated, kept, rngdata, host_values, offsets):
             bufs = donation.merge(donated, kept, donate)
@@ -264,7 +268,7 @@ class CompiledGraph:
                     if ctx is not None and ctx.digest:
                         # a new program with collectives: every rank must be about to run the same
                         ctx.group.check_program(f"{ctx.what} ({self.label})", ctx.digest)
-                    got = self._jits[key] = self._make(sig, donate)
+                    got = self._jits[key] = self._make(sig, donate, self.layouts.strides(args, self.out_strides))
                     if len(self._jits) > _exe_cache._limits["per_op"]:
                         # one graph over ever new shapes (mark_dynamic): oldest programs go first
                         _exe_cache.evict(self._jits, list(self._jits)[:max(1, len(self._jits) // 8)])
@@ -319,7 +323,7 @@ class CompiledGraph:
                     results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
                     bump("transfers_to_host")
                 else:
-                    st = self.out_strides[pos]  # (the program wrote it in that order)
+                    st = learned["out_strides"][pos]  # (the program wrote it in that order)
                     results.append(tensors.empty(shape, to_torch_dtype(o.dtype), o,
                                                  st if st is not None and len(st) == len(shape) else None))
             elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or isinstance(val, _NUMBERS):
@@ -331,6 +335,66 @@ class CompiledGraph:
             _flagged(learned["checks"], flags, [(entries[i], new) for i, new in written.items()],
                      [r for pos, r in enumerate(results) if pos not in reuse])
         return results
+
+
+class _SymbolicLayouts:
+    """Strides of the outputs whose traced (fake) strides are expressions in sizes Dynamo made
+    symbolic, at one call's sizes. Code after the graph was traced with those strides: a view
+    aot_autograd regenerates from an output (as_strided with the traced strides), a model's own
+    as_strided (Longformer's overlapping chunks). A contiguous output where a transposed one was
+    traced would be read at the wrong places."""
+
+    def __init__(self, placeholders, out_vals):
+        def symbolic(v):
+            return isinstance(v, torch.Tensor) and v.dim() >= 2 and any(
+                isinstance(n, torch.SymInt) for n in (*v.shape, *v.stride()))
+
+        # output position -> (size expressions, stride expressions)
+        self.outs = {pos: ([_expr(n) for n in v.shape], [_expr(n) for n in v.stride()])
+                     for pos, v in enumerate(out_vals) if symbolic(v)}
+        # (symbol, input position, "int" | "size" | "stride", dim): where each symbol's value is read
+        self.binds = []
+        if not self.outs:
+            return
+        for i, n in enumerate(placeholders):
+            val = n.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                self._bind(val, i, "int", 0)
+            elif isinstance(val, torch.Tensor):
+                for d, m in enumerate(val.shape):
+                    self._bind(m, i, "size", d)
+                for d, m in enumerate(val.stride()):
+                    self._bind(m, i, "stride", d)
+
+    def _bind(self, n, i, kind, d):
+        import sympy
+
+        if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+            self.binds.append((n.node.expr, i, kind, d))
+
+    def strides(self, args, traced: list) -> list:
+        """`traced` with each symbolic output's strides at these args' sizes (None: contiguous)."""
+        if not self.outs:
+            return traced
+        env = {}
+        for sym, i, kind, d in self.binds:
+            a = args[i]
+            env.setdefault(sym, int(a) if kind == "int" else (a.shape[d] if kind == "size" else a.stride()[d]))
+        out = list(traced)
+        for pos, (shape, stride) in self.outs.items():
+            try:
+                sh = tuple(int(e.subs(env)) for e in shape)
+                st = tuple(int(e.subs(env)) for e in stride)
+            except TypeError:  # a size no input names (data-dependent): contiguous, as before
+                continue
+            out[pos] = memory_format.laid_out(sh, st)
+        return out
+
+
+def _expr(n):
+    import sympy
+
+    return n.node.expr if isinstance(n, torch.SymInt) else sympy.Integer(n)
 
 
 def _grown_inputs(gm, placeholders) -> tuple:

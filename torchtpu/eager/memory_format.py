@@ -77,9 +77,15 @@ def fake_strides(v) -> tuple | None:
     shape, strides = tuple(v.shape), tuple(v.stride())
     if not all(isinstance(n, int) for n in shape + strides):
         return None
+    return laid_out(shape, strides)
+
+
+def laid_out(shape, strides) -> tuple | None:
+    """`strides` when a fresh buffer of `shape` can hold them and they are not the contiguous
+    ones (a permuted dense layout); else None."""
     if strides == geometry.contiguous_strides(shape) or not _dense(shape, strides):
         return None
-    return strides
+    return tuple(strides)
 
 
 def dense_strides(shape, memory_format) -> tuple:
