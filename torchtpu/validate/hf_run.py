@@ -166,6 +166,8 @@ def _run(res: Result, mode: str, attn, backward: bool, generate: bool) -> None:
     if gen and "shared_kv_states" in inspect.signature(model.forward).parameters:
         # a speculative drafter proposes tokens inside its target's assisted generation only
         res.generate, res.generate_detail, gen = "skipped", _DRAFTER_GENERATE, False
+    if gen and res.model_type in C.NO_GENERATE:
+        res.generate, res.generate_detail, gen = "skipped", C.NO_GENERATE[res.model_type], False
     if mode == CPU_ONLY:  # coverage pass: what the CPU reference runs, nothing on tpu
         res.state, res.failing_op = "cpu-ok", ""
         if labels is not None:
