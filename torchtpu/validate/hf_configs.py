@@ -731,13 +731,14 @@ NO_GENERATE = {
 # the shapes on CPU too (upstream, transformers/models/vibevoice/generation_vibevoice.py).
 GENERATE_CACHED = ("vibevoice",)
 
+_LLAMA4_VLM = ("upstream: Llama4ForConditionalGeneration.forward returns image_outputs=outputs.image_outputs "
+               "(modeling_llama4.py:1318), but outputs is its language model's MoeCausalLMOutputWithPast "
+               "(Llama4ForCausalLM, :638), which has no such field: every return_dict forward raises AttributeError")
 # Types ("type") or single heads ("type:variant") skipped outright, with the reason (kept short: they
 # appear in the report; an "upstream: ..." reason is shown as the root cause).
 SKIP: dict[str, str] = {
-    "llama4:image-text-to-text": "upstream: Llama4ForConditionalGeneration.forward returns image_outputs=outputs.image_outputs "
-                                 "(modeling_llama4.py:1318), but outputs is its language model's MoeCausalLMOutputWithPast "
-                                 "(Llama4ForCausalLM, :638), which has no such field: every return_dict forward raises "
-                                 "AttributeError",
+    "llama4:image-text-to-text": _LLAMA4_VLM,
+    "llama4:base": _LLAMA4_VLM,  # the same class, where a sweep runs the base model too (--variants base heads)
 }
 
 # The representative subset `make test` runs (tests/test_hf.py): type -> expected forward state
