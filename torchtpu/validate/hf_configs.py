@@ -61,7 +61,8 @@ INTERMEDIATE_KEYS = {
     "decoder_intermediate_size", "encoder_intermediate_size", "mlp_dim", "d_inner", "inner_dim",
     "intermediate_size_mlp", "n_inner", "text_intermediate_size", "vision_intermediate_size",
 }
-VOCAB_KEYS = {"vocab_size", "n_vocab", "text_vocab_size", "unpadded_vocab_size"}
+VOCAB_KEYS = {"vocab_size", "n_vocab", "text_vocab_size", "unpadded_vocab_size",
+              "decoder_vocab_size"}  # Marian: its LM loss views logits by the decoder vocabulary
 POSITION_KEYS = {"max_position_embeddings", "n_positions", "n_ctx", "max_target_positions",
                  "max_seq_len", "max_sequence_length", "seq_length", "block_size", "max_seq_length",
                  "max_text_positions", "context_length", "text_max_position_embeddings"}
@@ -708,6 +709,10 @@ LOSS_LABELS = {
 # Types whose loss refuses eval mode (Reformer's reversible layers assert model.train()): the loss
 # and its backward run in train mode, on a tiny config without dropout.
 TRAIN_FOR_LOSS = ("reformer",)
+# Captioning LMs whose loss skips the image's positions whether or not an image was given
+# (GitForCausalLM drops image_patch_tokens logits, modeling_git.py:1082: a text-only loss is empty):
+# their loss and backward run with an image beside the prompt.
+LOSS_WITH_IMAGE = ("git",)
 # Heads that take labels but return no loss (upstream): type -> why; backward is not run for them.
 NO_LOSS = {"shieldgemma2": "upstream: ShieldGemma2ForImageClassification passes labels to its language model "
                            "and drops the loss (its output has no loss field)"}

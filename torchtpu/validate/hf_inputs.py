@@ -438,6 +438,11 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
         return None
     g = torch.Generator().manual_seed(4321)
     logits = getattr(out, "logits", None)
+    if recipe == "span" and "start_positions" not in params:
+        # QA heads that classify over an answer vocabulary (LXMERT: question_answering_score, its loss
+        # from `labels`), not span extractors
+        recipe = "class"
+        logits = getattr(out, "question_answering_score", logits)
     ids = inputs.get("input_ids")
     b = C.BATCH.get(getattr(model.config, "model_type", ""), C.TINY["batch"])
     n_cls = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() >= 2 else \
@@ -450,6 +455,11 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
     if recipe == "ids" and getattr(model.config, "is_encoder_decoder", False) and "decoder_input_ids" in inputs:
         recipe = "decoder_ids"  # an encoder-decoder's LM loss is over the decoder's tokens (UDOP)
     if recipe == "ids" and ids is not None:
+        if mtype in C.LOSS_WITH_IMAGE and "pixel_values" in params and "pixel_values" not in inputs:
+            vc = getattr(model.config, "vision_config", None) or model.config
+            size = _get(vc, "image_size", default=C.TINY["image"])
+            px = torch.randn(ids.shape[0], _get(vc, "num_channels", default=3), size, size, generator=g)
+            return {"labels": ids, "pixel_values": px}
         return {"labels": ids}
     if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
         dec = inputs["decoder_input_ids"]
@@ -477,6 +487,11 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
             # conformer CTC heads (parakeet, lasr, granite_speech5) take the logit lengths from the
             # mask: every frame of the (batch, frames, features) input valid
             lab["attention_mask"] = torch.ones(feats.shape[:2], dtype=torch.long)
+        wave = inputs.get("input_values")
+        if wave is not None and "padding_mask" in params and "padding_mask" not in inputs:
+            # wav2vec2-style CTC heads that take the logit lengths from a padding mask (omniASR: without
+            # one its encoder returns no output mask and the loss cannot count frames): every sample valid
+            lab["padding_mask"] = torch.ones(wave.shape[0], wave.shape[-1], dtype=torch.long)
         return lab
     if recipe == "pixel_class" and "pixel_values" in inputs:
         h, w = inputs["pixel_values"].shape[-2:]
