@@ -182,3 +182,29 @@ def test_sweep_pieces_merge_by_row(tmp_path):
     s = data["compile"]["summary"]
     assert (s["models"], s["states"]["match"], s["states"]["tpu-error"], s["backward"]["match"]) == (4, 3, 0, 1)
     assert data["strict"]["summary"]["states"]["mismatch"] == 1
+
+
+def test_report_names_every_failure_with_its_cause(tmp_path):
+    # every row that is not a match shows up with a cause: a tpu mismatch (float64 verdict or a hand
+    # diagnosis), a CPU failure of the forward, and a backward / generate the CPU itself could not run
+    from torchtpu.validate.hf_compare import Result
+
+    rows = [Result("a", "base", "A", state="match"),
+            Result("b", "causal-lm", "B", state="mismatch", detail="out.logits: off", float64={"forward": [1e-3, 5e-4]}),
+            Result("c", "causal-lm", "C", state="match", backward="cpu-error", backward_detail="ValueError: no loss"),
+            Result("d", "causal-lm", "D", state="match", generate="skipped", generate_detail="upstream: why not"),
+            Result("e", "base", "E", state="cpu-error", detail="ImportError: X requires the timm library")]
+    path = tmp_path / "hf.json"
+    path.write_text(json.dumps({"modes": {"strict": {"argv": [], "summary": {},
+                                                     "models": {r.key: r.to_json() for r in rows}}}}))
+    md = tmp_path / "hf.md"
+    assert hf.main(["--json", str(path), "--merge-from", str(path), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("| b:causal-lm"))
+    assert "forward: float32 rounding (from a float64 run: CPU 1.0e-03, tpu 5.0e-04)" in line
+    line = next(ln for ln in text.splitlines() if ln.startswith("| c:causal-lm"))
+    assert "| backward | cpu-error | ours: harness has no working tiny config / inputs yet |" in line
+    line = next(ln for ln in text.splitlines() if ln.startswith("| d:causal-lm"))
+    assert "| generate | skipped | upstream: why not |" in line
+    assert "| e:base | cpu-error | upstream: needs timm" in text
+    assert not any(ln.startswith("| a:base") for ln in text.splitlines())

@@ -237,6 +237,15 @@ def write_markdown(path: str, summaries: dict, results_by_mode: dict, argv_by_mo
                       "| model | state | cause | detail |", "|---|---|---|---|"]
             for r in sorted(other, key=lambda r: r.key):
                 lines.append(f"| {r.key} | {r.state} | {cause(r.detail)} | {r.detail.replace('|', '/')[:160]} |")
+        unchecked = [(r, what, st, det) for r in results_by_mode[mode] if r.state not in ("cpu-error", "skipped")
+                     for what, st, det in (("backward", r.backward, r.backward_detail),
+                                           ("generate", r.generate, r.generate_detail))
+                     if st in ("cpu-error", "skipped")]
+        if unchecked:
+            lines += ["", "### Checks not run (the forward ran; its backward or generate fails on CPU too, or "
+                      "cannot run beside it)", "", "| model | check | state | cause | detail |", "|---|---|---|---|---|"]
+            for r, what, st, det in sorted(unchecked, key=lambda x: (x[0].key, x[1])):
+                lines.append(f"| {r.key} | {what} | {st} | {cause(det)} | {det.replace('|', '/')[:160]} |")
         lines.append("")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
