@@ -93,18 +93,26 @@ def _at_sizes(v, sizes) -> torch.Tensor:
 
 
 def _bind_sizes(placeholders, inputs) -> dict:
-    """Each size symbol of the graph's inputs -> its value in `inputs` (SymInt inputs, array shapes)."""
+    """Each size symbol of the graph's inputs -> its value in `inputs`: SymInt inputs, the shapes of
+    arrays (inside a program) or tensors, and tensors' strides (a caller's real inputs)."""
     import sympy
 
     sizes = {}
+
+    def bind(m, k):
+        if isinstance(m, torch.SymInt) and isinstance(m.node.expr, sympy.Symbol):
+            sizes.setdefault(m.node.expr, int(k))
+
     for n, x in zip(placeholders, inputs):
         val = n.meta.get("val")
-        if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol) and isinstance(x, int):
-            sizes.setdefault(val.node.expr, x)
+        if isinstance(val, torch.SymInt) and isinstance(x, int):
+            bind(val, x)
         elif isinstance(val, torch.Tensor) and hasattr(x, "shape") and len(x.shape) == val.dim():
             for m, k in zip(val.shape, x.shape):
-                if isinstance(m, torch.SymInt) and isinstance(m.node.expr, sympy.Symbol):
-                    sizes.setdefault(m.node.expr, int(k))
+                bind(m, k)
+            if isinstance(x, torch.Tensor):
+                for m, k in zip(val.stride(), x.stride()):
+                    bind(m, k)
     return sizes
 
 

@@ -345,56 +345,23 @@ class _SymbolicLayouts:
     traced would be read at the wrong places."""
 
     def __init__(self, placeholders, out_vals):
-        def symbolic(v):
-            return isinstance(v, torch.Tensor) and v.dim() >= 2 and any(
-                isinstance(n, torch.SymInt) for n in (*v.shape, *v.stride()))
-
-        # output position -> (size expressions, stride expressions)
-        self.outs = {pos: ([_expr(n) for n in v.shape], [_expr(n) for n in v.stride()])
-                     for pos, v in enumerate(out_vals) if symbolic(v)}
-        # (symbol, input position, "int" | "size" | "stride", dim): where each symbol's value is read
-        self.binds = []
-        if not self.outs:
-            return
-        for i, n in enumerate(placeholders):
-            val = n.meta.get("val")
-            if isinstance(val, torch.SymInt):
-                self._bind(val, i, "int", 0)
-            elif isinstance(val, torch.Tensor):
-                for d, m in enumerate(val.shape):
-                    self._bind(m, i, "size", d)
-                for d, m in enumerate(val.stride()):
-                    self._bind(m, i, "stride", d)
-
-    def _bind(self, n, i, kind, d):
-        import sympy
-
-        if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
-            self.binds.append((n.node.expr, i, kind, d))
+        self.placeholders = placeholders
+        self.outs = {pos: v for pos, v in enumerate(out_vals)
+                     if isinstance(v, torch.Tensor) and v.dim() >= 2 and _graph._has_symbols(v)}
 
     def strides(self, args, traced: list) -> list:
         """`traced` with each symbolic output's strides at these args' sizes (None: contiguous)."""
         if not self.outs:
             return traced
-        env = {}
-        for sym, i, kind, d in self.binds:
-            a = args[i]
-            env.setdefault(sym, int(a) if kind == "int" else (a.shape[d] if kind == "size" else a.stride()[d]))
+        sizes = _graph._bind_sizes(self.placeholders, args)
         out = list(traced)
-        for pos, (shape, stride) in self.outs.items():
+        for pos, v in self.outs.items():
             try:
-                sh = tuple(int(e.subs(env)) for e in shape)
-                st = tuple(int(e.subs(env)) for e in stride)
+                m = _graph._at_sizes(v, sizes)
             except TypeError:  # a size no input names (data-dependent): contiguous, as before
                 continue
-            out[pos] = memory_format.laid_out(sh, st)
+            out[pos] = memory_format.laid_out(tuple(m.shape), m.stride())
         return out
-
-
-def _expr(n):
-    import sympy
-
-    return n.node.expr if isinstance(n, torch.SymInt) else sympy.Integer(n)
 
 
 def _grown_inputs(gm, placeholders) -> tuple:
