@@ -74,7 +74,10 @@ def _meta_of(node_or_val):
     v = node_or_val.meta.get("val") if isinstance(node_or_val, torch.fx.Node) else node_or_val
     sizes = _SIZES.get()
     if sizes and isinstance(v, torch.Tensor) and _has_symbols(v):
-        return _at_sizes(v, sizes)
+        try:
+            return _at_sizes(v, sizes)
+        except TypeError:  # a size no input names (data-dependent, unbacked): the traced value
+            return v
     return v
 
 

@@ -305,6 +305,7 @@ class CompiledGraph:
             _write_host(args, learned["host"], packed)
         results = []
         reuse = self.reuse
+        out_strides = learned["out_strides"]  # the layouts the program wrote at this signature's sizes
         for pos, (val, node, o, shape) in enumerate(zip(self.out_vals, self.out_nodes, outs, learned["shapes"])):
             if pos in reuse:
                 kind, i, *view = reuse[pos]
@@ -323,7 +324,7 @@ class CompiledGraph:
                     results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
                     bump("transfers_to_host")
                 else:
-                    st = learned["out_strides"][pos]  # (the program wrote it in that order)
+                    st = out_strides[pos]  # (the program wrote it in that order)
                     results.append(tensors.empty(shape, to_torch_dtype(o.dtype), o,
                                                  st if st is not None and len(st) == len(shape) else None))
             elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or isinstance(val, _NUMBERS):

@@ -76,6 +76,19 @@ def _text_config(cfg):
         return cfg.get_text_config(encoder=True)
 
 
+def _image(cfg):
+    """(vision config, channels, height, width) of the images a model takes."""
+    vc = getattr(cfg, "vision_config", None) or cfg
+    if isinstance(vc, dict):
+        vc = cfg
+    ch = _get(vc, "num_channels", "in_channels", "in_chans", default=3)
+    size = _get(vc, "image_size", "img_size", "input_size", default=C.TINY["image"])
+    if isinstance(size, dict):
+        size = size.get("height", C.TINY["image"])
+    h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+    return vc, ch, h, w
+
+
 def make_inputs(model, variant: str) -> list[dict]:
     """Candidate dummy inputs for `model`, on CPU, from a fixed seed: the first that the CPU
     reference accepts is used (layouts differ between model families with the same main input)."""
@@ -107,14 +120,7 @@ def make_inputs(model, variant: str) -> list[dict]:
         return d
 
     def pixels(key="pixel_values", video=False):
-        vc = getattr(cfg, "vision_config", None) or cfg
-        if isinstance(vc, dict):
-            vc = cfg
-        ch = _get(vc, "num_channels", "in_channels", "in_chans", default=3)
-        size = _get(vc, "image_size", "img_size", "input_size", default=t["image"])
-        if isinstance(size, dict):
-            size = size.get("height", t["image"])
-        h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        vc, ch, h, w = _image(cfg)
         if "prompt_pixel_values" in params:  # SegGPT stacks prompt over input: each is half the height
             h //= 2
         if video:
@@ -456,10 +462,8 @@ def labels_for(model, variant: str, inputs: dict, out) -> dict | None:
         recipe = "decoder_ids"  # an encoder-decoder's LM loss is over the decoder's tokens (UDOP)
     if recipe == "ids" and ids is not None:
         if mtype in C.LOSS_WITH_IMAGE and "pixel_values" in params and "pixel_values" not in inputs:
-            vc = getattr(model.config, "vision_config", None) or model.config
-            size = _get(vc, "image_size", default=C.TINY["image"])
-            px = torch.randn(ids.shape[0], _get(vc, "num_channels", default=3), size, size, generator=g)
-            return {"labels": ids, "pixel_values": px}
+            _, ch, h, w = _image(model.config)
+            return {"labels": ids, "pixel_values": torch.randn(ids.shape[0], ch, h, w, generator=g)}
         return {"labels": ids}
     if recipe == "decoder_ids" and "decoder_input_ids" in inputs:
         dec = inputs["decoder_input_ids"]

@@ -267,15 +267,14 @@ def _backward(model, tmodel, inputs, tinputs, labels, mode, res, call=None) -> t
             grads_t = {n: p.grad for n, p in tmodel.named_parameters() if p.grad is not None}
             grads_c = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             both = sorted(set(grads_t) & set(grads_c))
-            state, detail, _, _ = compare({"loss": tloss, **{n: grads_t[n] for n in both}},
-                                          {"loss": loss, **{n: grads_c[n] for n in both}}, grads=True)
+            got = {"loss": tloss, **{n: grads_t[n] for n in both}}
+            want = {"loss": loss, **{n: grads_c[n] for n in both}}
+            state, detail, _, _ = compare(got, want, grads=True)
             if state == "mismatch":
                 def exact(m):
                     loss64 = _cpu_loss(m, _double(inputs), _double(labels))
                     g64 = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
-                    return rounding({"loss": tloss, **{n: grads_t[n] for n in both}},
-                                    {"loss": loss, **{n: grads_c[n] for n in both}},
-                                    {"loss": loss64, **{n: g64[n] for n in both if n in g64}}, grads=True)
+                    return rounding(got, want, {"loss": loss64, **{n: g64[n] for n in both if n in g64}}, grads=True)
                 res.float64["backward"] = _float64(res, exact)
             missing = sorted(set(grads_t) ^ set(grads_c))
             if missing and state == "match":
