@@ -226,3 +226,17 @@ def test_training_step_with_ignore_index_is_not_a_false_positive():
                                    ignore_index=-100)
             loss.backward()
             torch.testing.assert_close(loss.cpu(), ref)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_assert_async_in_every_eager_mode(mode):
+    # TorchTitan's RoPE asserts on device values each forward; an op with no outputs used to
+    # crash defer_and_fuse's recorder (TypeError: 'NoneType' object is not iterable)
+    with torchtpu.eager_mode(mode):
+        t = torch.arange(5, device="tpu")
+        assert torch._assert_async(t.max() <= 127, "in range") is None
+        assert (t * 2).sum().item() == 20
+        torch._assert_async(t.max() > 127, "t is below 127")
+        with pytest.raises(RuntimeError, match="t is below 127"):
+            torch.tpu.synchronize()
+    assert pending_checks.pending() == 0
