@@ -380,6 +380,10 @@ _VIEWS = {
     aten.split.Tensor: _split,
     aten.split_with_sizes.default: _split_sizes,
     aten.unbind.int: _unbind,
+    # Lazy conjugate and negative views: in eager a bit on the tensor that every later kernel
+    # honours; in a graph the node's value is what that bit means. A geometry-only read dropped it.
+    aten._conj.default: lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x,
+    aten._neg_view.default: lambda x: -x,
 }
 
 

@@ -2,6 +2,9 @@
 
     python -m torchtpu.validate ops [--json PATH] [--markdown PATH] [--ops NAME ...]
                                     [--dtypes float32 int64] [--max-samples N] [--no-backward]
+    python -m torchtpu.validate ops --mode compile|defer_and_fuse [...]
+        the same sweep with tpu's side run compiled (torch.compile(backend="tpu"), forward and
+        backward graphs) or deferred and fused; its own report and expected file per mode
     python -m torchtpu.validate ops --errors [--ops NAME ...] [--json PATH] [--markdown PATH]
         every OpInfo's error_inputs instead (see validate/error_inputs.py); --markdown
         replaces only the report's "Error inputs" section
@@ -38,6 +41,7 @@ from .names import opinfo_name
 from .progress import Progress
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
+MODES = ("strict", "defer_and_fuse", "compile")
 STATES = ("pass-native", "pass-with-fallback", "mismatch", "error", "skipped")
 _RANK = {s: i for i, s in enumerate(("skipped", "pass-native", "pass-with-fallback", "mismatch", "error"))}
 
@@ -54,7 +58,8 @@ NONDETERMINISTIC = {
 # Sparse layouts are out of scope for an XLA device: reported as skipped, with this reason.
 SPARSE = {"to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm"}
 DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "bool": torch.bool, "float64": torch.float64}
+          "bfloat16": torch.bfloat16, "bool": torch.bool, "float64": torch.float64,
+          "complex64": torch.complex64}
 
 
 @dataclass
@@ -167,7 +172,10 @@ def _grad_inputs(sample):
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
 
 
-def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120) -> Result:
+def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120,
+               mode: str = "strict") -> Result:
+    """`mode`: how tpu's side runs: "strict" and "defer_and_fuse" as eager modes, "compile" as
+    torch.compile(backend="tpu") of the op (its backward through the compiled backward graph)."""
     name = opinfo_name(op)
     res = Result(name)
     t0 = time.perf_counter()
@@ -192,7 +200,7 @@ def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120)
             for dtype in dtypes:
                 if dtype not in op.supported_dtypes("cpu"):
                     continue
-                want_grad = backward and op.supports_autograd and dtype.is_floating_point and \
+                want_grad = backward and op.supports_autograd and (dtype.is_floating_point or dtype.is_complex) and \
                     dtype in op.supported_backward_dtypes("cpu")
                 samples = _samples(op, dtype, want_grad, max_samples)
                 if isinstance(samples, str):
@@ -201,7 +209,7 @@ def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120)
                 for i, sample in enumerate(samples):
                     tested = True
                     res.samples += 1
-                    fwd, bwd = _run_sample(op, sample, values, want_grad, dtype, res, seed=i)
+                    fwd, bwd = _run_sample(op, sample, values, want_grad, dtype, res, seed=i, mode=mode)
                     res.forward = _worse(res.forward, fwd)
                     if want_grad:
                         res.backward = _worse(res.backward, bwd)
@@ -261,7 +269,33 @@ def _random_sample(op, sample) -> bool:
     return isinstance(p, (int, float)) and p > 0 and kwargs.get("training", True) is not False
 
 
-def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int):
+class _Runner:
+    """Runs tpu's side of a sample in one mode. Each sample compiles afresh under "compile"
+    (Dynamo's cache reset, static shapes): a sample must not run the eager fallback Dynamo takes
+    past its recompile limit, nor inherit another sample's dynamic dims."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def call(self, op, args, kwargs):
+        if self.mode == "compile":
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            fn = torch.compile(lambda *a, **k: op(*a, **k), backend="tpu", dynamic=False)
+            with torchtpu.eager_mode("strict"):
+                return fn(*args, **kwargs)
+        with torchtpu.eager_mode(self.mode):
+            return op(*args, **kwargs)
+
+    def grads(self, outs, inputs, seed):
+        # a compiled forward's backward is its compiled backward graph, whatever the eager mode
+        with torchtpu.eager_mode("strict" if self.mode == "compile" else self.mode):
+            return _grads(outs, inputs, seed)
+
+
+def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int, mode: str = "strict"):
+    run = _Runner(mode)
     where, sample = made
     values = values and not _random_sample(op, sample)
     triple = (sample.input, sample.args, sample.kwargs)
@@ -289,7 +323,7 @@ def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int):
     device = "cpu" if where == "tpu" and _asks_for_cpu(tpu_sample) else "tpu"
     torchtpu.reset_metrics()
     try:
-        actual = post(op(tpu_sample[0], *tpu_sample[1], **tpu_sample[2]))
+        actual = post(run.call(op, (tpu_sample[0], *tpu_sample[1]), tpu_sample[2]))
         fb = torchtpu.metrics()["fallback_ops"]
         _compare(actual, expected, values, dtype, device, op)
     except AssertionError as e:
@@ -310,7 +344,7 @@ def _run_sample(op, made, values, want_grad, dtype, res: Result, seed: int):
         return fwd, "skipped"
     torchtpu.reset_metrics()
     try:
-        ag = _grads(actual, _grad_inputs_from(tpu_sample), seed)
+        ag = run.grads(actual, _grad_inputs_from(tpu_sample), seed)
         fb = torchtpu.metrics()["fallback_ops"]
         _compare([g for g in ag if g is not None] if ag else [],
                  [g for g in eg if g is not None], values, dtype, op=op)
@@ -357,13 +391,13 @@ def clear_caches() -> None:
     jax.clear_caches()
 
 
-def _run_named(name: str, dtypes, max_samples, backward, timeout) -> Result:
+def _run_named(name: str, dtypes, max_samples, backward, timeout, mode="strict") -> Result:
     if not _BY_NAME:
         _BY_NAME.update({opinfo_name(o): o for o in select()})
     _RUN_COUNT[0] += 1
     if _RUN_COUNT[0] % CLEAR_EVERY == 0:
         clear_caches()
-    return run_opinfo(_BY_NAME[name], [DTYPES[d] for d in dtypes], max_samples, backward, timeout)
+    return run_opinfo(_BY_NAME[name], [DTYPES[d] for d in dtypes], max_samples, backward, timeout, mode)
 
 
 def select(names=None):
@@ -473,6 +507,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="*", default=["float32", "int64"], choices=sorted(DTYPES))
     p.add_argument("--max-samples", type=int, default=6, help="samples per OpInfo and dtype")
     p.add_argument("--no-backward", action="store_true")
+    p.add_argument("--mode", default="strict", choices=MODES,
+                   help="how tpu's side runs: an eager mode, or torch.compile(backend='tpu')")
     p.add_argument("--timeout", type=int, default=180, help="seconds per OpInfo")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--errors", action="store_true",
@@ -488,7 +524,7 @@ def main(argv=None) -> int:
     names = [opinfo_name(o) for o in ops]
     prog = Progress(len(ops), "ops ")
     results = []
-    job = (list(args.dtypes), args.max_samples, not args.no_backward, args.timeout)
+    job = (list(args.dtypes), args.max_samples, not args.no_backward, args.timeout, args.mode)
     if args.jobs <= 1:
         for name in names:
             r = _run_named(name, *job)
