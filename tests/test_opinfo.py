@@ -9,6 +9,9 @@ tests/opinfo_expected.json ({OpInfo: [forward, backward]}) is written by the ful
 - test_opinfo_one_sample / test_opinfo_all_samples (`-m slow`): the sweep's configuration, backward
   included; the latter also warns on improvements, so the expected file gets regenerated and the
   change shows in review.
+- test_opinfo_in_mode (`-m slow`): the same check in defer_and_fuse and under torch.compile against
+  tests/opinfo_expected_<mode>.json, written by `python -m torchtpu.validate ops --mode <mode> ...
+  --write-expected tests/opinfo_expected_<mode>.json` (see docs/opinfo.md's mode sections).
 """
 import json
 import os
@@ -44,9 +47,21 @@ def _bounded_memory():
     yield
 
 
-def _check(name, max_samples, warn_improvement):
-    r = v.run_opinfo(_OPS[name], [torch.float32, torch.int64], max_samples, backward=True, timeout=120)
-    want = EXPECTED.get(name, ("error", "error"))
+def _expected(mode):
+    path = os.path.join(os.path.dirname(__file__), f"opinfo_expected_{mode}.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {k: tuple(s) for k, s in json.load(f).items()}
+
+
+MODE_EXPECTED = {m: _expected(m) for m in ("defer_and_fuse", "compile")}
+
+
+def _check(name, max_samples, warn_improvement, mode="strict", expected=EXPECTED):
+    r = v.run_opinfo(_OPS[name], [torch.float32, torch.int64], max_samples, backward=True, timeout=120,
+                     mode=mode)
+    want = expected.get(name, ("error", "error"))
     got = (r.forward, r.backward)
     worse = [d for d, g, w in zip(("forward", "backward"), got, want) if _RANK[g] > _RANK[w]]
     assert not worse, f"{name}: {got} worse than expected {want}: {r.detail}"
@@ -73,3 +88,9 @@ def test_opinfo_one_sample(name):
 @pytest.mark.parametrize("name", sorted(_OPS))
 def test_opinfo_all_samples(name):
     _check(name, 6, warn_improvement=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,name", [(m, n) for m, exp in MODE_EXPECTED.items() for n in sorted(exp)])
+def test_opinfo_in_mode(mode, name):
+    _check(name, 6, warn_improvement=False, mode=mode, expected=MODE_EXPECTED[mode])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .names import opinfo_name
+from . import report_sections
 from .progress import Progress
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
@@ -134,19 +135,7 @@ def markdown_section(s: dict, results: list[ErrorResult], argv: list[str]) -> st
 
 def write_section(path: str, section: str) -> None:
     """Replace the error-inputs section of the report (the rest of the file is kept)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = "# OpInfo conformance on tpu\n"
-    i = text.find(SECTION)
-    if i >= 0:
-        j = text.find("\n## ", i + len(SECTION))
-        text = text[:i] + section + (text[j + 1:] if j >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(text)
+    report_sections.replace(path, SECTION, section)
 
 
 def main(ops, argv, json_path=None, markdown=None) -> int:
