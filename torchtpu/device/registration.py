@@ -14,8 +14,8 @@ def register() -> None:
         return
     lazy.name_device(module)  # done already where autoload bound the device (torch.tpu was lazy)
     lazy.retire(module)  # autoload's lazy kernels and wrappers go; torch.tpu is `module`
-    from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, storage_api, streams,
-                   tied, type_names)
+    from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, shallow_copy,
+                   storage_api, streams, tied, type_names)
 
     autocast.install()
     tied.install()
@@ -27,4 +27,5 @@ def register() -> None:
     accelerate_support.install()  # HF Accelerate (Trainer) defaults to tpu, as to cuda
     profiler.install()  # torch.profiler traces get each program's device time
     type_names.install()  # autograd errors name torch.tpu.FloatTensor, not tpuFloatType
+    shallow_copy.install()  # module.to("tpu") keeps its Parameter objects, as on CUDA
     _done = True
