@@ -16,8 +16,8 @@ loaded all along:
 - a PrivateUse1 fallback kernel (the first op on the device is always one: no tpu tensor
   exists before it) and a CPU `_pin_memory` kernel load torchtpu, step aside, and
   re-dispatch the same call to the kernels torchtpu has just registered;
-- the C++ extensions (torch.Generator(device="tpu"), pinned factories), the tied-parameter
-  fix of `module.to("tpu")`, torch.accelerator's routing and Accelerate's default device
+- the C++ extensions (torch.Generator(device="tpu"), pinned factories), `module.to("tpu")`
+  keeping its Parameter objects (device/shallow_copy.py), torch.accelerator's routing and Accelerate's default device
   are installed as they are (none needs JAX); torch.Event/torch.Stream, tpu storages,
   `torch.from_dlpack` (once JAX is imported) and the c10d backend "tpu" load torchtpu
   when first used on the device.
@@ -240,7 +240,7 @@ def bind() -> None:
             except ImportError:  # not built: torchtpu names the fix when the device is used
                 pass
         warnings.filterwarnings("ignore", message=r"GetGeneratorForPrivateuse1\(\) is deprecated")
-        for leaf in ("device.tied", "device.accelerator", "device.accelerate_support"):
+        for leaf in ("device.shallow_copy", "device.accelerator", "device.accelerate_support"):
             _leaf(leaf).install()
         if not hasattr(torch.storage._StorageBase, "tpu"):
             from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend

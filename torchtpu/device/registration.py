@@ -15,10 +15,9 @@ def register() -> None:
     lazy.name_device(module)  # done already where autoload bound the device (torch.tpu was lazy)
     lazy.retire(module)  # autoload's lazy kernels and wrappers go; torch.tpu is `module`
     from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, shallow_copy,
-                   storage_api, streams, tied, type_names)
+                   storage_api, streams, type_names)
 
     autocast.install()
-    tied.install()
     storage_api.install()
     events.install()  # torch.Event(device="tpu") records, times and synchronizes
     streams.install()  # torch.Stream(device="tpu").synchronize() waits for the device

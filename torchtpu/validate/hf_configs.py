@@ -760,7 +760,7 @@ SUBSET: dict[str, str] = {
 SUBSET_TRAIN: dict[str, tuple[str, str]] = {
     "llama": ("match", "match"),
     "qwen2": ("match", "match"),
-    # tied wte / lm_head: torchtpu.device.tied keeps them tied through Module.to("tpu")
+    # tied wte / lm_head: Module.to("tpu") keeps the shared Parameter (torchtpu.device.shallow_copy)
     "gpt2": ("match", "match"),
 }
 # Mismatches root-caused by hand where the float64 verdict (hf_compare.rounding) cannot judge: type:variant ->
