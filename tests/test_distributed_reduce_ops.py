@@ -418,11 +418,10 @@ def _fsdp(rank: int, world: int, mode: str) -> dict:
     sharded gradients and parameters after two SGD steps against one CPU process that
     sums the ranks' gradients and divides by 3.
 
-    Each layer is its own FSDP unit, as TorchTitan shards blocks, except in defer_and_fuse:
-    there one region would hold two units' independent all-gathers (or reduce-scatters),
-    and XLA:CPU orders independent collectives differently on ranks whose programs differ
-    elsewhere (a known defect of fused regions, whatever the reduce op: gloo aborts with
-    "144 vs 68"), so the model is one unit there and its collectives depend on each other."""
+    Each layer is its own FSDP unit, as TorchTitan shards blocks: in defer_and_fuse one
+    region holds several units' independent all-gathers and reduce-scatters, which XLA
+    ordered differently on ranks whose programs differ elsewhere until regions sequenced
+    their collectives in recorded order (gloo aborted with "144 vs 68")."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -450,9 +449,8 @@ def _fsdp(rank: int, world: int, mode: str) -> dict:
 
     mesh = init_device_mesh(DEV, (world,))
     model.to(DEV)
-    if mode != "defer_and_fuse":
-        for layer in (model[0], model[2]):
-            fully_shard(layer, mesh=mesh)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for m in model.modules():  # each FSDP module keeps its own factor (TorchTitan sets them all)
         if hasattr(m, "set_gradient_divide_factor"):

@@ -20,6 +20,7 @@ import time
 import weakref
 
 import jax
+import jax.numpy as jnp
 
 from .. import metrics
 from ..config import startup
@@ -43,9 +44,9 @@ MAX_OPS = startup.defer_max_ops
 
 
 class _Node:
-    __slots__ = ("program", "refs", "nscalars", "rng", "origin", "name", "compiled")
+    __slots__ = ("program", "refs", "nscalars", "rng", "origin", "name", "compiled", "collective")
 
-    def __init__(self, program, refs, nscalars, rng, origin, name, compiled):
+    def __init__(self, program, refs, nscalars, rng, origin, name, compiled, collective=False):
         self.program = program
         self.refs = refs
         self.nscalars = nscalars
@@ -53,6 +54,7 @@ class _Node:
         self.origin = origin
         self.name = name
         self.compiled = compiled
+        self.collective = collective  # recorded by record_collective: runs in recorded order
 
 
 class _Graph:
@@ -103,7 +105,7 @@ def pending_count() -> int:
     return len(_graph.nodes)
 
 
-def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
+def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, collective: bool = False):
     """Record one op over storage `entries` with runtime scalars `dyn`; returns its
     outputs (new tensors over Pending buffers; None for an in-place op). A random op
     draws from `generator` (the default generator when None)."""
@@ -131,7 +133,7 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None):
         rngdata = rng.next_key_data(generator) if low.random else None
         if rngdata is not None:
             g.rngs.append(rngdata)
-        g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata, _origin(), low.name, compiled))
+        g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata, _origin(), low.name, compiled, collective))
         if dyn:
             g.scalars.extend(dyn)
         g.fingerprint.append((compiled, refs))  # compiled objects live in the op cache: hash by identity
@@ -206,7 +208,7 @@ def record_collective(compiled, entries, low, ctx):
         if _graph.collectives is not None and _graph.collectives is not ctx:
             flush("collective_group")
         _graph.collectives = ctx
-        return record(compiled, entries, [], low)
+        return record(compiled, entries, [], low, collective=True)
 
 
 def flush_collectives(reason: str) -> None:
@@ -222,6 +224,37 @@ def _note(e: BaseException, node) -> None:
     e.add_note(f"torchtpu: raised by deferred op {node.name}, issued at {where}")
 
 
+def _after(bufs, last):
+    """`bufs` made to depend on `last` (the previous collective's result) without changing a
+    value, so the collective reading them starts after that one on every rank.
+
+    XLA schedules independent collectives in an order of its choosing, and it chooses per
+    program: ranks whose region programs differ elsewhere (each reads its own shard) paired
+    different collectives (gloo: "144 vs 68"), and two of one size would have swapped data.
+    A data dependency is the order XLA keeps (an optimization barrier is removed before
+    scheduling). The first element of one input gets -0.0 added, derived from `last` through
+    a multiply by zero, which XLA does not fold for floats (NaN * 0 is NaN, so the value is
+    made finite first): x + -0.0 is x for every x, signed zeros and NaN included."""
+    p = last.reshape(-1)[:1]
+    p = (p.real if jnp.iscomplexobj(p) else p).astype(jnp.float32)
+    zero = -jnp.abs(jnp.where(jnp.isfinite(p), p, 0.0) * 0.0)[0]
+    out = list(bufs)
+    for i, b in enumerate(out):
+        if b is None or not b.size:
+            continue
+        flat = b.reshape(-1)
+        if flat.dtype == jnp.bool_:
+            first = flat[0] | (zero != 0)
+        elif jnp.iscomplexobj(flat):  # -0.0 in both parts: a +0.0 imaginary part would flip a -0.0
+            z = zero.astype(flat.real.dtype)
+            first = flat[0] + jax.lax.complex(z, z)
+        else:
+            first = flat[0] + zero.astype(flat.dtype)
+        out[i] = flat.at[0].set(first).reshape(b.shape)
+        return tuple(out)
+    return bufs
+
+
 def _make_fused(nodes, out_refs, codes, donate, group=None, fast=False):
     programs = [(n.program, n.refs, n.nscalars, n.rng is not None, n) for n in nodes]
     declared: list = []  # the region's device-side checks, learned at trace
@@ -232,11 +265,15 @@ def _make_fused(nodes, out_refs, codes, donate, group=None, fast=False):
         vals = {}
         si = 0
         ri = 0
+        last = None  # the previous collective's result
         with _checks.collect() as checks:
             for j, (program, refs, ns, has_rng, node) in enumerate(programs):
                 bufs = tuple(
                     None if r is None else (inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])]) for r in refs
                 )
+                if node.collective:
+                    if last is not None:
+                        bufs = _after(bufs, last)
                 rngdata = rngs[ri] if has_rng else ()
                 ri += has_rng
                 try:
@@ -250,6 +287,8 @@ def _make_fused(nodes, out_refs, codes, donate, group=None, fast=False):
                     vals[(j, k)] = o
                 for s, b in updated.items():
                     vals[(j, ("u", s))] = b
+                if node.collective:
+                    last = next((o for o in (*outs, *updated.values()) if o is not None and o.size), last)
         results = tuple(vals[r] for r in out_refs)
         # one packed flag array for the whole region, after its outputs
         flags = checks.packed() if checks is not None else None
