@@ -195,7 +195,7 @@ def _rank0_save(rank, world, root) -> dict:
 def _worker(root, sections):
     import torchtpu
 
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank, mode=torchtpu.get_eager_mode())
     fns = {"ddp_dcp": _ddp_dcp, "fsdp_dcp": _fsdp_dcp, "rank0_save": _rank0_save}

@@ -85,7 +85,7 @@ def _worker_mismatch() -> None:
 
     import torchtpu  # noqa: F401
 
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     op = "sum" if dist.get_rank() == 0 else "max"
     f = torch.compile(lambda x: funcol.all_reduce(x * 2, op, dist.group.WORLD), backend="tpu")
     out = f(torch.ones(4, device="tpu")).cpu()
@@ -193,7 +193,7 @@ def _compiled_ddp(rank: int, world: int) -> dict:
 def _worker(mode: str) -> None:
     import torchtpu
 
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     torchtpu.reset_metrics()
     out = dict(rank=rank, collectives=_collectives(rank, world))

@@ -189,7 +189,6 @@ def test_dead_rank_fails_fast_naming_the_collective():
                    "rank 1 issued ALLREDUCE(max) on [(4,):float32]"]),
 ])
 def test_mismatched_collectives_fail_naming_both(variant, expect):
-    t0 = time.monotonic()
     procs = _launch("mismatch", variant, timeout=120, env_extra=STRICT)
     for rank, (rc, so, se, _) in enumerate(procs):
         err = _clean(se)
@@ -201,13 +200,14 @@ def test_mismatched_collectives_fail_naming_both(variant, expect):
             assert e in err, err[-3000:]
         name = "BROADCAST" if (rank, variant) == (1, "op") else "ALLREDUCE"
         assert f"torchtpu.distributed: collective {name} (rank {rank} of 2" in err, err[-3000:]
-    assert time.monotonic() - t0 < 30
+        # found by the signature check, not by the 30 s group timeout (no wall-clock limit:
+        # a loaded machine slows the job, and must not fail it)
+        assert "timed out" not in err, err[-3000:]
 
 
 def test_rank_skipping_a_collective_times_out_naming_it():
     # rank 1 never issues the all-reduce: rank 0 waits the grace period, launches, and its
     # timeout error says what rank 1 last issued (nothing, here)
-    t0 = time.monotonic()
     (rc0, so0, se0, _), _ = _launch("mismatch", "skip", timeout=120, env_extra=STRICT)
     err = _clean(se0)
     assert rc0 != 0 and "finished" not in so0, (so0, err[-3000:])
@@ -215,7 +215,6 @@ def test_rank_skipping_a_collective_times_out_naming_it():
     assert "timed out after 4.0 s" in err, err[-3000:]
     assert "rank 1 has not issued collective #1" in err, err[-3000:]
     # (rank 1 is then ended by the XLA runtime, whose coordinator lived in rank 0)
-    assert time.monotonic() - t0 < 60
 
 
 def test_mismatch_without_the_check_fails_within_timeout():
@@ -235,7 +234,6 @@ def test_mismatched_collectives_in_fused_regions_fail_naming_both():
     # defer_and_fuse: each rank's collective is recorded into a region; the region check
     # names both ranks' regions, then the region runs op by op and its collective's own
     # check fails on every rank, naming both collectives
-    t0 = time.monotonic()
     procs = _launch("mismatch", "op", timeout=120, env_extra={"TORCHTPU_EAGER_MODE": "defer_and_fuse"})
     for rank, (rc, so, se, _) in enumerate(procs):
         err = _clean(se)
@@ -244,7 +242,7 @@ def test_mismatched_collectives_in_fused_regions_fail_naming_both():
         assert "rank 0 a fused region of 2 ops with ALLREDUCE" in err, err[-3000:]
         assert "rank 1 a fused region of 2 ops with BROADCAST" in err, err[-3000:]
         assert "rank 0 issued ALLREDUCE(sum) on [(4,):float32]; rank 1 issued BROADCAST(src 0)" in err, err[-3000:]
-    assert time.monotonic() - t0 < 30
+        assert "timed out" not in err, err[-3000:]  # the checks found it, not the group timeout
 
 
 # ----------------------------------------------------------------------------- workers
@@ -535,7 +533,7 @@ def _worker_main():
 
     # `import torchtpu` must leave XLA unstarted: the backend starts it multi-process
     lazy = not xla_bridge.backends_are_initialized()
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank, import_left_xla_unstarted=lazy, backend=dist.get_backend(),
                collectives=_collectives(rank, world))

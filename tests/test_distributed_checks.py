@@ -52,7 +52,7 @@ def _section(fn, rank, world):
 def _worker(mode):
     import torchtpu
 
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     res = dict(rank=rank)
     try:

@@ -405,7 +405,7 @@ def _run_section(fn, rank, world) -> dict:
 def _worker(sections):
     import torchtpu  # noqa: F401 - registers "tpu"
 
-    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=multiproc.PG_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank, mode=torchtpu.get_eager_mode())
     for name, fn in sections:
