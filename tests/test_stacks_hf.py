@@ -59,6 +59,21 @@ def llama():
     return LlamaForCausalLM(LlamaConfig(**LLAMA))
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny Llama and its tokenizer in a local directory, as from_pretrained, TRL and serve load them."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    llama().save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def pretrained(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
 def sentences(n, length, seed):
     g = torch.Generator().manual_seed(seed)
     return [" ".join(f"w{i}" for i in torch.randint(0, 50, (length,), generator=g).tolist()) for _ in range(n)]
@@ -160,3 +175,74 @@ def test_trainer_fp16_matches_cpu_autocast(tmp_path):
     assert len(losses(trainer)) == 3
     torch.testing.assert_close(losses(trainer), losses(ref), atol=1e-4, rtol=1e-4)
     assert trainer.accelerator.scaler.get_scale() == ref.accelerator.scaler.get_scale()
+
+
+# ---- slow: the recipes, each next to the same run on the CPU ---------------------------------------
+
+
+def _both(run, tmp_path, **kwargs):
+    """run(out_dir, use_cpu) on the CPU and then on tpu (the device Accelerate picks by default)."""
+    transformers.logging.set_verbosity_error()
+    cpu = run(tmp_path / "cpu", use_cpu=True, **kwargs)
+    assert cpu.accelerator.device.type == "cpu"  # before the next run resets Accelerate's shared state
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    tpu = run(tmp_path / "tpu", use_cpu=False, **kwargs)
+    assert tpu.accelerator.device.type == "tpu"
+    assert {p.device.type for p in cpu.model.parameters()} == {"cpu"}
+    assert {p.device.type for p in tpu.model.parameters()} == {"tpu"}
+    print("losses cpu", losses(cpu), "tpu", losses(tpu))  # shown with -s
+    return cpu, tpu
+
+
+def _trl_args(config_cls, out, use_cpu, steps=3, **kwargs):
+    # TRL's own defaults stay (bf16 autocast, gradient checkpointing), as a user gets them
+    return config_cls(output_dir=str(out), max_steps=steps, seed=0, report_to=[], logging_steps=1, disable_tqdm=True,
+                      per_device_train_batch_size=4, learning_rate=1e-2, save_strategy="no", use_cpu=use_cpu,
+                      **kwargs)
+
+
+@pytest.mark.slow
+def test_trl_sft_matches_cpu(tmp_path):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_dict({"text": sentences(16, 10, seed=1)})
+
+    def run(out, use_cpu):
+        trainer = SFTTrainer(model=llama(), args=_trl_args(SFTConfig, out, use_cpu, max_length=16),
+                             train_dataset=data, processing_class=tokenizer())
+        trainer.train()
+        return trainer
+
+    cpu, tpu = _both(run, tmp_path)
+    assert tpu.args.bf16 and tpu.args.gradient_checkpointing
+    assert len(losses(tpu)) == 3
+    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.slow
+def test_trl_dpo_matches_cpu(tmp_path, saved):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    # completions start with a space: the word-level tokenizer splits only on whitespace
+    prompts = sentences(8, 4, seed=2)
+    chosen, rejected = [[" " + s for s in sentences(8, 5, seed=k)] for k in (3, 4)]
+    data = Dataset.from_dict({"prompt": prompts, "chosen": chosen, "rejected": rejected})
+
+    def run(out, use_cpu):
+        # the reference model is a frozen copy of the policy, made by DPOTrainer
+        trainer = DPOTrainer(model=pretrained(saved), args=_trl_args(DPOConfig, out, use_cpu, max_length=16),
+                             train_dataset=data, processing_class=tokenizer())
+        trainer.train()
+        return trainer
+
+    cpu, tpu = _both(run, tmp_path)
+    assert len(losses(tpu)) == 3
+    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-2, rtol=1e-2)
+    margins = [[h["rewards/margins"] for h in t.state.log_history if "rewards/margins" in h] for t in (tpu, cpu)]
+    torch.testing.assert_close(margins[0], margins[1], atol=2e-2, rtol=5e-2)
