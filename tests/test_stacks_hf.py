@@ -246,3 +246,58 @@ def test_trl_dpo_matches_cpu(tmp_path, saved):
     torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-2, rtol=1e-2)
     margins = [[h["rewards/margins"] for h in t.state.log_history if "rewards/margins" in h] for t in (tpu, cpu)]
     torch.testing.assert_close(margins[0], margins[1], atol=2e-2, rtol=5e-2)
+
+
+def _shared_draws():
+    """torch.multinomial by inverse CDF with uniforms from one seeded CPU generator. Each device's RNG draws its
+    own numbers (tpu's are not CPU's, as cuda's are not), so for sampled generations to be comparable both runs
+    take the same uniforms; the probabilities are still each device's own."""
+    g = torch.Generator().manual_seed(0)
+
+    def multinomial(probs, num_samples, replacement=False, *, generator=None, out=None):
+        assert num_samples == 1 and out is None
+        p = probs.detach().float().cpu()
+        cdf = p.cumsum(-1)
+        u = torch.rand(p.shape[:-1] + (1,), generator=g) * cdf[..., -1:]
+        return torch.searchsorted(cdf, u).clamp(max=p.shape[-1] - 1).to(probs.device)
+
+    return multinomial
+
+
+def _low_words(completions, **kwargs):
+    """A trivial reward: how many words of the completion are w0..w24."""
+    return [float(sum(w.startswith("w") and int(w[1:]) < 25 for w in c.split())) for c in completions]
+
+
+@pytest.mark.slow
+def test_trl_grpo_with_generate_matches_cpu(tmp_path, saved, monkeypatch):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    data = Dataset.from_dict({"prompt": sentences(6, 4, seed=5)})
+    completions = {True: [], False: []}
+
+    def run(out, use_cpu):
+        monkeypatch.setattr(torch, "multinomial", _shared_draws())
+
+        def low_words(completions, **kwargs):  # records what HF generate produced, every step
+            seen.extend(completions)
+            return _low_words(completions)
+
+        seen = completions[use_cpu]
+        args = _trl_args(GRPOConfig, out, use_cpu, num_generations=4, max_completion_length=6)
+        trainer = GRPOTrainer(model=pretrained(saved), reward_funcs=low_words, args=args, train_dataset=data,
+                              processing_class=tokenizer())
+        trainer.train()
+        return trainer
+
+    cpu, tpu = _both(run, tmp_path)
+    assert len(losses(tpu)) == 3
+    assert len(completions[True]) == 12 and len(set(completions[True])) > 1
+    assert completions[False] == completions[True]
+    rewards = [[h["reward"] for h in t.state.log_history if "reward" in h] for t in (tpu, cpu)]
+    assert rewards[0] == rewards[1]
+    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-2, rtol=1e-2)
+    for (name, p), q in zip(tpu.model.named_parameters(), cpu.model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=2e-2, rtol=2e-2, msg=name)
