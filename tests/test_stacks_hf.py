@@ -301,3 +301,125 @@ def test_trl_grpo_with_generate_matches_cpu(tmp_path, saved, monkeypatch):
     torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-2, rtol=1e-2)
     for (name, p), q in zip(tpu.model.named_parameters(), cpu.model.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=2e-2, rtol=2e-2, msg=name)
+
+
+@pytest.mark.slow
+def test_peft_lora_with_trainer_matches_cpu(tmp_path, saved):
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer
+
+    def run(out, use_cpu):
+        torch.manual_seed(0)  # LoRA's A matrices are drawn on the CPU, before the Trainer moves the model
+        model = get_peft_model(pretrained(saved), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                             target_modules=["q_proj", "v_proj", "down_proj"]))
+        trainer = Trainer(model=model, args=_args(out, 4, use_cpu=use_cpu), train_dataset=_Tokens())
+        trainer.train()
+        return trainer
+
+    cpu, tpu = _both(run, tmp_path)
+    assert len(losses(tpu)) == 4
+    torch.testing.assert_close(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
+    trained = {n: p for n, p in tpu.model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    ref = dict(cpu.model.named_parameters())
+    for n, p in trained.items():
+        torch.testing.assert_close(p.detach().cpu(), ref[n].detach(), atol=1e-4, rtol=1e-4, msg=n)
+
+
+@pytest.mark.slow
+def test_trainer_torch_compile_backend_tpu_matches_cpu(tmp_path):
+    from transformers import Trainer
+
+    def run(out, use_cpu):
+        # CPU: the same Trainer in eager; tpu: TrainingArguments' compile, through Accelerate's dynamo plugin
+        kw = {} if use_cpu else dict(torch_compile=True, torch_compile_backend="tpu")
+        trainer = Trainer(model=llama(), args=_args(out, 4, use_cpu=use_cpu, **kw), train_dataset=_Tokens())
+        trainer.train()
+        return trainer
+
+    before = torchtpu.metrics()["compile_graphs"]
+    cpu, tpu = _both(run, tmp_path)
+    assert tpu.accelerator.state.dynamo_plugin.backend.value == "TPU"
+    assert type(tpu.model_wrapped).__name__ == "OptimizedModule"
+    assert torchtpu.metrics()["compile_graphs"] > before  # the steps ran as compiled graphs
+    assert len(losses(tpu)) == 4
+    torch.testing.assert_close(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url, body, timeout):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_transformers_serve_on_tpu_answers_with_cpu_greedy_tokens(saved, tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("openai")
+    from transformers import AutoTokenizer
+
+    chats = [[{"role": "user", "content": "w1 w2 w3"}],
+             [{"role": "user", "content": "w40 w7"}, {"role": "assistant", "content": "w9"},
+              {"role": "user", "content": "w12 w30 w31 w2"}]]
+    tok = AutoTokenizer.from_pretrained(saved)
+    model = pretrained(saved).eval()
+    want = []
+    for messages in chats:  # CPU's greedy answer, as the server builds it: chat template, 6 new tokens
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, max_new_tokens=6, do_sample=False)[0, ids["input_ids"].shape[1]:]
+        want.append((tok.decode(out, skip_special_tokens=True), len(out)))
+
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    # `transformers serve <dir> --device tpu --host 127.0.0.1 --port N`, run through Transformers' own CLI entry
+    # point; the wrapper only writes torchtpu's counters at exit, to show the model ran on tpu. A local
+    # directory is served as it is (no Hub revision); the server imports torch, which autoloads tpu.
+    # (uvicorn re-raises the SIGTERM it shut down on, so the wrapper exits on it through sys.exit)
+    wrapper = ("import atexit, json, signal, sys\n"
+               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+               "def report(path=sys.argv.pop(1)):\n"
+               "    import torchtpu\n"
+               "    json.dump(torchtpu.metrics(), open(path, 'w'))\n"
+               "atexit.register(report)\n"
+               "from transformers.cli.transformers import main\n"
+               "sys.exit(main())\n")
+    metrics = tmp_path / "metrics.json"
+    server = subprocess.Popen(
+        [sys.executable, "-c", wrapper, str(metrics), "serve", saved, "--device", "tpu",
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, TRANSFORMERS_VERBOSITY="error"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # until it listens (it loads torch, torchtpu and the model first), or dies
+            assert server.poll() is None, open(tmp_path / "serve.log").read()
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("transformers serve never answered /health:\n" + open(tmp_path / "serve.log").read())
+        for messages, (text, n) in zip(chats, want):
+            reply = _post(f"{base}/v1/chat/completions",
+                          {"model": saved, "messages": messages, "max_tokens": 6, "temperature": 0, "stream": False},
+                          timeout=300)
+            assert reply["choices"][0]["message"]["content"] == text
+            assert reply["usage"]["completion_tokens"] == n
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    counters = json.loads(metrics.read_text())
+    assert counters["executions"] > 0 and counters["cpu_fallbacks"] == 0, counters
