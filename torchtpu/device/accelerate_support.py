@@ -207,8 +207,31 @@ _PATCHES = {
 }
 
 
+# Modules found still executing when install() ran: `import accelerate` before torch runs
+# accelerate/accelerator.py down to its `import torch`, whose autoload installs this, before
+# `Accelerator` exists. Each is mended at the next import of any module after it finished.
+_pending: set[str] = set()
+
+
+def _initializing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _patch_loaded(name: str) -> None:
+    module = sys.modules.get(name)
+    if module is None:
+        _pending.discard(name)  # its import failed; the finder sees it again if it is retried
+    elif _initializing(module):
+        _pending.add(name)
+    else:
+        _pending.discard(name)
+        _PATCHES[name](module)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
+        for waiting in list(_pending):
+            _patch_loaded(waiting)
         patch = _PATCHES.get(name)
         if patch is None:
             return None
@@ -230,8 +253,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    for name, patch in _PATCHES.items():
+    for name in _PATCHES:
         if name in sys.modules:
-            patch(sys.modules[name])
+            _patch_loaded(name)
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
