@@ -157,6 +157,18 @@ def test_dynamo_backend_name_tpu():
     torch.testing.assert_close(model(x.to("tpu")).cpu(), cpu(x))
 
 
+def test_device_map_auto_places_on_tpu(saved):
+    from accelerate.utils import get_max_memory
+    from transformers import AutoModelForCausalLM
+
+    budget = get_max_memory()
+    assert list(budget)[0] == 0 and "cpu" in budget  # tpu:0 first, as cuda:0 on a cuda machine
+    model = AutoModelForCausalLM.from_pretrained(saved, device_map="auto")  # planned on the CPU before
+    assert {p.device for p in model.parameters()} == {torch.device("tpu", 0)}
+    ids = torch.tensor([[1, 9, 13, 20]])
+    torch.testing.assert_close(model(ids.to("tpu")).logits.cpu(), pretrained(saved)(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_continuous_batching_sizes_cache_from_device_memory(monkeypatch):
     from transformers.generation.continuous_batching import cache, utils
 
@@ -398,7 +410,7 @@ def test_transformers_serve_on_tpu_answers_with_cpu_greedy_tokens(saved, tmp_pat
 
     port = _free_port()
     log = open(tmp_path / "serve.log", "w+")
-    # `transformers serve <dir> --device tpu --host 127.0.0.1 --port N`, run through Transformers' own CLI entry
+    # `transformers serve <dir> --host 127.0.0.1 --port N` (default `--device auto`: tpu), run through Transformers' own CLI entry
     # point; the wrapper only writes torchtpu's counters at exit, to show the model ran on tpu. A local
     # directory is served as it is (no Hub revision); the server imports torch, which autoloads tpu.
     # (uvicorn re-raises the SIGTERM it shut down on, so the wrapper exits on it through sys.exit)
@@ -412,8 +424,7 @@ def test_transformers_serve_on_tpu_answers_with_cpu_greedy_tokens(saved, tmp_pat
                "sys.exit(main())\n")
     metrics = tmp_path / "metrics.json"
     server = subprocess.Popen(
-        [sys.executable, "-c", wrapper, str(metrics), "serve", saved, "--device", "tpu",
-         "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-c", wrapper, str(metrics), "serve", saved, "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, TRANSFORMERS_VERBOSITY="error"))
     base = f"http://127.0.0.1:{port}"
     try:

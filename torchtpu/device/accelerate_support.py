@@ -22,6 +22,10 @@ accelerator is tpu. `cpu=True` and every device they know keep their meaning.
   available and ends in `GradScaler("cuda")`, which disables itself on a machine with no
   CUDA (no loss scaling at all): on tpu it returns `torch.amp.GradScaler("tpu")`
   (`ShardedGradScaler(device="tpu")` for FSDP).
+- `accelerate.utils.modeling.get_max_memory`, which `device_map="auto"` (and `transformers
+  serve`'s default `--device auto`) plans with, lists cuda's devices and the CPU: on tpu it
+  lists tpu's devices by index (an index is torch's current accelerator) with their free
+  memory, first, so the model goes to tpu as it goes to cuda.
 - `accelerate.utils.dataclasses.DynamoBackend`, the enum every `dynamo_backend` /
   `TrainingArguments(torch_compile_backend=...)` name is checked against: it gains TPU,
   so `"tpu"` reaches `torch.compile(model, backend="tpu")` ('TPU' is not a valid
@@ -54,6 +58,17 @@ def _tpu_is_the_accelerator() -> bool:
 def _marked(fn):
     fn._torchtpu = True
     return fn
+
+
+def _rebind(orig, new) -> None:
+    """Every name an already imported Accelerate or Transformers module holds for `orig` (under any alias) now
+    names `new`; modules importing it later get `new` from the module that was mended."""
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(("accelerate", "transformers")):
+            continue
+        for attr, value in list(getattr(mod, "__dict__", {}).items()):
+            if value is orig:
+                setattr(mod, attr, new)
 
 
 def _patch_default_device(state) -> None:
@@ -149,11 +164,32 @@ def _patch_grad_scaler(modeling) -> None:
 
     get_grad_scaler.__doc__ = orig.__doc__
     get_grad_scaler.__wrapped__ = orig
-    # the modules that imported the name before this ran (accelerate imported before torchtpu)
-    for name in ("accelerate.utils.modeling", "accelerate.utils", "accelerate.accelerator"):
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "get_grad_scaler", None) is orig:
-            mod.get_grad_scaler = get_grad_scaler
+    _rebind(orig, get_grad_scaler)  # accelerate imported before torchtpu
+
+
+def _patch_max_memory(modeling) -> None:
+    orig = modeling.get_max_memory
+    if getattr(orig, "_torchtpu", False):
+        return
+
+    @_marked
+    def get_max_memory(max_memory=None):
+        found = orig(max_memory)
+        if max_memory is not None or not _tpu_is_the_accelerator() or any(isinstance(k, int) for k in found):
+            return found
+        # as its cuda branch: each device's free memory under its index (an index is torch's current
+        # accelerator, tpu), devices before "cpu" so that device_map="auto" fills them first
+        devices = {i: torch.tpu.mem_get_info(i)[0] for i in range(torch.tpu.device_count())}
+        return {**devices, **found}
+
+    get_max_memory.__doc__ = orig.__doc__
+    get_max_memory.__wrapped__ = orig
+    _rebind(orig, get_max_memory)
+
+
+def _patch_modeling(modeling) -> None:
+    _patch_grad_scaler(modeling)
+    _patch_max_memory(modeling)
 
 
 def _patch_dynamo_backend(dataclasses) -> None:
@@ -189,11 +225,7 @@ def _patch_cb_memory(utils) -> None:
 
     get_device_and_memory_breakdown.__doc__ = orig.__doc__
     get_device_and_memory_breakdown.__wrapped__ = orig
-    for name in ("transformers.generation.continuous_batching.utils",
-                 "transformers.generation.continuous_batching.cache"):
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "get_device_and_memory_breakdown", None) is orig:
-            mod.get_device_and_memory_breakdown = get_device_and_memory_breakdown
+    _rebind(orig, get_device_and_memory_breakdown)
 
 
 # module -> what is mended when it has been executed; modules importing a patched name
@@ -201,7 +233,7 @@ def _patch_cb_memory(utils) -> None:
 _PATCHES = {
     "accelerate.state": _patch_default_device,
     "accelerate.utils.dataclasses": _patch_dynamo_backend,
-    "accelerate.utils.modeling": _patch_grad_scaler,
+    "accelerate.utils.modeling": _patch_modeling,
     "accelerate.accelerator": _patch_accelerator,
     "transformers.generation.continuous_batching.utils": _patch_cb_memory,
 }
