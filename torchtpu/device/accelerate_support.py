@@ -1,17 +1,45 @@
-"""Hugging Face Accelerate places models and batches on "tpu".
+"""Hugging Face Accelerate (and the Transformers code that sizes memory) on "tpu", as on cuda.
 
-Accelerate picks its device from a fixed list (`PartialState.default_device`: MPS,
-MLU, SDAA, MUSA, NPU, HPU, CUDA, XPU, Neuron, else CPU) and knows no PrivateUse1
-device, so a Trainer on tpu had its model moved back to the CPU by
-`accelerator.prepare` and its batches left there, while Transformers itself (which
-asks torch.accelerator) said tpu. Its only outside knob, ACCELERATE_TORCH_DEVICE,
-overrides even `cpu=True` (TrainingArguments(use_cpu=True) would then train on tpu).
+Accelerate and Transformers name the devices they know in fixed lists and branches, and
+a PrivateUse1 device is in none of them. Each gap below is mended where it lives, when
+the module that holds it is imported (a meta-path hook waits for it: nothing is imported
+before the user imports accelerate or transformers), and only where Accelerate or
+Transformers would otherwise fall back to the CPU or to cuda while torch's current
+accelerator is tpu. `cpu=True` and every device they know keep their meaning.
 
-So when accelerate.state is imported, its `default_device` property is wrapped:
-where Accelerate would fall back to the CPU and torch's current accelerator is tpu,
-the default is tpu, as it is cuda on a CUDA machine; `cpu=True` and every device
-Accelerate knows keep their meaning. Nothing is imported before the user imports
-accelerate (a meta-path hook waits for it).
+- `accelerate.state.PartialState.default_device` (MPS, MLU, SDAA, MUSA, NPU, HPU, CUDA,
+  XPU, Neuron, else CPU): a Trainer on tpu had its model moved back to the CPU by
+  `accelerator.prepare` and its batches left there, while Transformers (which asks
+  torch.accelerator) said tpu. Its only outside knob, ACCELERATE_TORCH_DEVICE, overrides
+  even `cpu=True`. Where it would say CPU, it says tpu.
+- `accelerate.accelerator.Accelerator.__init__`: fp16 mixed precision (`Accelerator(
+  mixed_precision="fp16")`, `TrainingArguments(fp16=True)`) is allowed only on the devices
+  of a tuple written in the function (xpu, cuda, npu, xla, mlu, musa, hpu, sdaa, mps); no
+  argument or setting reaches it, so that one constant of the function's code gains "tpu".
+  The rest of the fp16 path is Accelerate's own: `torch.autocast(device_type="tpu",
+  dtype=torch.float16)` around the model's forward, and a GradScaler.
+- `accelerate.utils.modeling.get_grad_scaler` picks the GradScaler by which devices are
+  available and ends in `GradScaler("cuda")`, which disables itself on a machine with no
+  CUDA (no loss scaling at all): on tpu it returns `torch.amp.GradScaler("tpu")`
+  (`ShardedGradScaler(device="tpu")` for FSDP).
+- `accelerate.utils.modeling.get_max_memory`, which `device_map="auto"` (and `transformers
+  serve`'s default `--device auto`) plans with, lists cuda's devices and the CPU: on tpu it
+  lists tpu's devices by index (an index is torch's current accelerator) with their free
+  memory, first, so the model goes to tpu as it goes to cuda.
+- `accelerate.utils.dataclasses.DynamoBackend`, the enum every `dynamo_backend` /
+  `TrainingArguments(torch_compile_backend=...)` name is checked against: it gains TPU,
+  so `"tpu"` reaches `torch.compile(model, backend="tpu")` ('TPU' is not a valid
+  DynamoBackend before).
+- `transformers.generation.continuous_batching.utils.get_device_and_memory_breakdown`
+  (cuda, xpu, mps, else the host's RAM): continuous batching sized its KV cache from the
+  host's memory on tpu. It reads `torch.tpu.mem_get_info()` and `memory_reserved()` as it
+  reads cuda's.
+- `accelerate.Accelerator.prepare(model, optimizer)`: moving a model to tpu gives it new
+  Parameter objects (PyTorch swaps parameter data in place only between its dense
+  backends: CPU -> cuda keeps the objects, CPU -> PrivateUse1 or XLA does not), so an
+  optimizer built before `prepare`, Accelerate's documented order, kept stepping the CPU
+  parameters, which get no gradients: nothing trained, silently. Accelerate maps the
+  optimizer onto the moved parameters for XLA; prepare does the same on tpu.
 """
 from __future__ import annotations
 
@@ -21,34 +49,223 @@ import sys
 
 import torch
 
-_MODULE = "accelerate.state"
-
 
 def _tpu_is_the_accelerator() -> bool:
     acc = torch._C._accelerator_getAccelerator()
     return acc is not None and acc.type == "tpu"
 
 
-def _patch(state) -> None:
+def _marked(fn):
+    fn._torchtpu = True
+    return fn
+
+
+def _rebind(orig, new) -> None:
+    """Every name an already imported Accelerate or Transformers module holds for `orig` (under any alias) now
+    names `new`; modules importing it later get `new` from the module that was mended."""
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(("accelerate", "transformers")):
+            continue
+        for attr, value in list(getattr(mod, "__dict__", {}).items()):
+            if value is orig:
+                setattr(mod, attr, new)
+
+
+def _patch_default_device(state) -> None:
     cls = state.PartialState
     orig = cls.__dict__.get("default_device")
     if not isinstance(orig, property) or getattr(orig.fget, "_torchtpu", False):
         return
 
+    @_marked
     def default_device(self) -> torch.device:
         dev = orig.fget(self)
         if dev.type == "cpu" and _tpu_is_the_accelerator():
             return torch.device("tpu")
         return dev
 
-    default_device._torchtpu = True
     default_device.__doc__ = orig.__doc__
     cls.default_device = property(default_device)
 
 
+def _fp16_devices(code):
+    """Index of the tuple of device names fp16 is allowed on, among `code`'s constants."""
+    hits = [i for i, c in enumerate(code.co_consts)
+            if isinstance(c, tuple) and c and all(isinstance(x, str) for x in c) and {"cuda", "xpu", "mps"} <= set(c)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _patch_fp16_allow_list(accelerator) -> None:
+    init = accelerator.Accelerator.__init__
+    code = getattr(init, "__code__", None)
+    i = None if code is None else _fp16_devices(code)
+    if i is None or "tpu" in code.co_consts[i]:
+        return  # mended already, or an Accelerate without that tuple (tests/test_stacks_hf.py's fp16 tests fail)
+    consts = list(code.co_consts)
+    consts[i] = consts[i] + ("tpu",)
+    init.__code__ = code.replace(co_consts=tuple(consts))
+
+
+def _patch_prepare(accelerator) -> None:
+    cls = accelerator.Accelerator
+    orig = cls.__dict__.get("prepare")
+    if orig is None or getattr(orig, "_torchtpu", False):
+        return
+    skip = {"DEEPSPEED", "MEGATRON_LM", "XLA"}  # their own ways (XLA: the same mapping, by Accelerate)
+
+    @_marked
+    def prepare(self, *args, device_placement=None):
+        dist = getattr(self.distributed_type, "value", self.distributed_type)
+        if self.device.type != "tpu" or not self.device_placement or self.is_fsdp2 or dist in skip:
+            return orig(self, *args, device_placement=device_placement)
+        from accelerate.utils import extract_model_from_parallel
+
+        def named(m):  # under DDP or torch.compile wrappers, the names the user's module gives
+            return dict(extract_model_from_parallel(m, keep_torch_compile=False).named_parameters())
+
+        old = [named(a) if isinstance(a, torch.nn.Module) else None for a in args]
+        result = orig(self, *args, device_placement=device_placement)
+        objs = result if isinstance(result, tuple) else (result,)
+        mapping = {}
+        for before, obj in zip(old, objs):
+            if before is not None and isinstance(obj, torch.nn.Module):
+                after = named(obj)
+                mapping.update({p: after[n] for n, p in before.items() if n in after and after[n] is not p})
+        if mapping:
+            for obj in objs:
+                if isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "_switch_parameters"):
+                    obj._switch_parameters(mapping)
+        return result
+
+    prepare.__doc__ = orig.__doc__
+    prepare.__wrapped__ = orig
+    cls.prepare = prepare
+
+
+def _patch_accelerator(accelerator) -> None:
+    _patch_fp16_allow_list(accelerator)
+    _patch_prepare(accelerator)
+
+
+def _patch_grad_scaler(modeling) -> None:
+    orig = modeling.get_grad_scaler
+    if getattr(orig, "_torchtpu", False):
+        return
+
+    @_marked
+    def get_grad_scaler(distributed_type=None, **kwargs):
+        if not _tpu_is_the_accelerator():
+            return orig(distributed_type, **kwargs)
+        if distributed_type is not None and getattr(distributed_type, "value", distributed_type) == "FSDP":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(device="tpu", **kwargs)
+        return torch.amp.GradScaler("tpu", **kwargs)
+
+    get_grad_scaler.__doc__ = orig.__doc__
+    get_grad_scaler.__wrapped__ = orig
+    _rebind(orig, get_grad_scaler)  # accelerate imported before torchtpu
+
+
+def _patch_max_memory(modeling) -> None:
+    orig = modeling.get_max_memory
+    if getattr(orig, "_torchtpu", False):
+        return
+
+    @_marked
+    def get_max_memory(max_memory=None):
+        found = orig(max_memory)
+        if max_memory is not None or not _tpu_is_the_accelerator() or any(isinstance(k, int) for k in found):
+            return found
+        # as its cuda branch: each device's free memory under its index (an index is torch's current
+        # accelerator, tpu), devices before "cpu" so that device_map="auto" fills them first
+        devices = {i: torch.tpu.mem_get_info(i)[0] for i in range(torch.tpu.device_count())}
+        return {**devices, **found}
+
+    get_max_memory.__doc__ = orig.__doc__
+    get_max_memory.__wrapped__ = orig
+    _rebind(orig, get_max_memory)
+
+
+def _patch_modeling(modeling) -> None:
+    _patch_grad_scaler(modeling)
+    _patch_max_memory(modeling)
+
+
+def _patch_dynamo_backend(dataclasses) -> None:
+    cls = dataclasses.DynamoBackend
+    if "TPU" in cls.__members__:
+        return
+    # Enum has no public way to add a member; this is what EnumType.__new__ does for each
+    member = str.__new__(cls, "TPU")
+    member._name_ = member._value_ = "TPU"
+    member.__objclass__ = cls
+    member._sort_order_ = len(cls._member_names_)
+    cls._member_names_.append("TPU")
+    cls._member_map_["TPU"] = member
+    cls._value2member_map_["TPU"] = member
+    type.__setattr__(cls, "TPU", member)
+
+
+def _patch_cb_memory(utils) -> None:
+    orig = utils.get_device_and_memory_breakdown
+    if getattr(orig, "_torchtpu", False):
+        return
+
+    @_marked
+    def get_device_and_memory_breakdown():
+        found = orig()
+        if found[0].type != "cpu" or not _tpu_is_the_accelerator():
+            return found
+        # as its cuda branch: what the device has free, not the device's size
+        torch.tpu.empty_cache()
+        torch.tpu.synchronize()
+        free, total = torch.tpu.mem_get_info()
+        return torch.device("tpu"), total, torch.tpu.memory_reserved(), total - free
+
+    get_device_and_memory_breakdown.__doc__ = orig.__doc__
+    get_device_and_memory_breakdown.__wrapped__ = orig
+    _rebind(orig, get_device_and_memory_breakdown)
+
+
+# module -> what is mended when it has been executed; modules importing a patched name
+# later (`from .modeling import get_grad_scaler`) get the mended one
+_PATCHES = {
+    "accelerate.state": _patch_default_device,
+    "accelerate.utils.dataclasses": _patch_dynamo_backend,
+    "accelerate.utils.modeling": _patch_modeling,
+    "accelerate.accelerator": _patch_accelerator,
+    "transformers.generation.continuous_batching.utils": _patch_cb_memory,
+}
+
+
+# Modules found still executing when install() ran: `import accelerate` before torch runs
+# accelerate/accelerator.py down to its `import torch`, whose autoload installs this, before
+# `Accelerator` exists. Each is mended at the next import of any module after it finished.
+_pending: set[str] = set()
+
+
+def _initializing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _patch_loaded(name: str) -> None:
+    module = sys.modules.get(name)
+    if module is None:
+        _pending.discard(name)  # its import failed; the finder sees it again if it is retried
+    elif _initializing(module):
+        _pending.add(name)
+    else:
+        _pending.discard(name)
+        _PATCHES[name](module)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        for waiting in list(_pending):
+            _patch_loaded(waiting)
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         sys.meta_path.remove(self)  # the real spec, found by the other finders
         try:
@@ -61,16 +278,15 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             loader_exec(module)
-            _patch(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
+            patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
 def install() -> None:
-    if _MODULE in sys.modules:
-        _patch(sys.modules[_MODULE])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+    for name in _PATCHES:
+        if name in sys.modules:
+            _patch_loaded(name)
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
