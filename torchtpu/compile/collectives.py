@@ -118,7 +118,11 @@ class SkinnyGraph:
                 pid += 1
                 part[n] = pid
                 pid += 1
-            elif n.target is funcol.wait_tensor.default and n.args[0] in part and is_collective(n.args[0]):
+            elif n.target is operator.getitem and _issued(n.args[0]):
+                # one result of a coalesced collective (a list): picked where it was issued, so
+                # no compiled piece is handed the list
+                part[n] = part[n.args[0]]
+            elif n.target is funcol.wait_tensor.default and _issued(n.args[0]):
                 # waited on where it was issued, so PyTorch's registry of in-flight work sees it
                 part[n] = part[n.args[0]]
             else:
@@ -138,6 +142,15 @@ class SkinnyGraph:
         out = self.split(*args)
         args.clear()
         return list(out)
+
+
+def _issued(a) -> bool:
+    """Whether `a` is a collective's node or one result of a coalesced one."""
+    if not isinstance(a, torch.fx.Node):
+        return False
+    if a.op == "call_function" and a.target is operator.getitem:
+        a = a.args[0]
+    return isinstance(a, torch.fx.Node) and is_collective(a)
 
 
 def _tuple_output(sub: torch.fx.GraphModule) -> bool:

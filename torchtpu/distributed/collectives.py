@@ -6,56 +6,108 @@ blocks back. In defer_and_fuse, the collectives a region can hold (DDP's bucket
 all-reduce, FSDP2's all-gather and reduce-scatter, broadcast) are recorded into it
 instead (fused.py). They need of the group: `launch`, `_work`, `_rank`, `_size`,
 `_flush_p2p`.
+
+Which reduce op goes with which dtype is decided in one place, spmd/reduce.py. A
+PREMUL_SUM collective (FSDP2's gradient divide factor) passes its factor to the program
+as one more input, a one-element block: `_factor_block` for a launch, `_factor_tensor`
+for a fused region (a tpu factor tensor stays on the device, never read on the host).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
-from ..runtime import jaxenv
+from ..runtime import cache as _caches
+from ..runtime import jaxenv, tensors
 from ..spmd.bodies import (body_allgather, body_allreduce, body_alltoall, body_broadcast, body_reduce_scatter,
                            body_scatter, pad_chunks, unpad_chunks)
-from ..spmd.reduce import ReduceOp, reduce_kind
+from ..spmd.reduce import ReduceOp, premul_factor, reduce_kind
 from . import fused
 from .flat_buffers import dtype_of, flat_in, store, zeros
+
+
+@functools.lru_cache(maxsize=64)
+def _constant_block(value: float, dtype_name: str) -> jax.Array:
+    # a Python factor, rounded once to the collective's dtype (NCCL's scalar is of it)
+    return jax.device_put(np.asarray([value]).astype(jnp.dtype(dtype_name)), jaxenv.device())
+
+
+_caches.register("premul_sum factors", _constant_block)
+
+
+def _factor_block(op, kind: str, dtype, what: str) -> list:
+    """[the factor as a one-element block] for a PREMUL_SUM launch, [] for other kinds."""
+    if kind != "premul_sum":
+        return []
+    f = premul_factor(op, what)
+    if isinstance(f, torch.Tensor):
+        return [flat_in(f).reshape(1)]
+    return [_constant_block(float(f), jnp.dtype(dtype).name)]
+
+
+def _factor_tensor(op, kind: str, dtype: torch.dtype, what: str) -> list:
+    """[the factor as a tpu tensor] for a PREMUL_SUM recorded into a fused region."""
+    if kind != "premul_sum":
+        return []
+    f = premul_factor(op, what)
+    if isinstance(f, torch.Tensor):
+        if f.device.type == "tpu":
+            return [f]  # a device value (perhaps still deferred): read in the program
+        return [tensors.empty((1,), f.dtype, flat_in(f).reshape(1))]
+    return [tensors.empty((1,), dtype, _constant_block(float(f), jnp.dtype(jaxenv.to_jax_dtype(dtype)).name))]
+
+
+def _check_empty(op, tensors_, what: str) -> None:
+    # tensors with no elements run nothing, but a reduce op their dtype refuses is an
+    # error all the same, as on NCCL
+    for t in tensors_:
+        if not t.numel():
+            reduce_kind(op, jaxenv.to_jax_dtype(t.dtype), what)
 
 
 class CollectiveOps:
     """The collectives of TpuProcessGroup (see the module docstring for what they need of it)."""
 
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None, what="all_reduce"):
         op = ReduceOp.SUM if opts is None else opts.reduceOp
         ts = [t for t in tensors if t.numel()]
+        _check_empty(op, tensors, what)
         if ts:
             groups: dict = {}
             for t in ts:
                 groups.setdefault(t.dtype, []).append(t)
             for dt, grp in groups.items():
-                kind = reduce_kind(op, jaxenv.to_jax_dtype(dt))
+                jdt = jaxenv.to_jax_dtype(dt)
+                kind = reduce_kind(op, jdt, what)
                 w = self._size
                 key = ("allreduce", kind, len(grp))
                 if fused.recording(self) and fused.record_written(
-                        self, "ALLREDUCE", key, lambda: body_allreduce(kind, w), grp, grp):
+                        self, "ALLREDUCE", key, lambda: body_allreduce(kind, w),
+                        grp + _factor_tensor(op, kind, dt, what), grp):
                     continue  # in the defer_and_fuse region (DDP's bucket all-reduce)
                 outs = self.launch("ALLREDUCE", key, lambda: body_allreduce(kind, w),
-                                   [flat_in(t) for t in grp], grp)
+                                   [flat_in(t) for t in grp] + _factor_block(op, kind, jdt, what), grp)
                 for t, o in zip(grp, outs):
                     store(t, o)
         return self._work(list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        return self.allreduce(tensors, opts, "all_reduce_coalesced")
 
     def reduce(self, tensors, opts):
         # an allreduce whose result only the root keeps
         (t,) = tensors
-        kind = reduce_kind(opts.reduceOp, jaxenv.to_jax_dtype(t.dtype))
+        jdt = jaxenv.to_jax_dtype(t.dtype)
+        kind = reduce_kind(opts.reduceOp, jdt, "reduce")
         if t.numel():
             w = self._size
-            (o,) = self.launch("REDUCE", ("allreduce", kind, 1), lambda: body_allreduce(kind, w), [flat_in(t)], [t])
+            (o,) = self.launch("REDUCE", ("allreduce", kind, 1), lambda: body_allreduce(kind, w),
+                               [flat_in(t)] + _factor_block(opts.reduceOp, kind, jdt, "reduce"), [t])
             if self._rank == opts.rootRank:
                 store(t, o)
         return self._work([t])
@@ -115,10 +167,11 @@ class CollectiveOps:
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def _reduce_scatter_flat(self, name, output, flat, ts, op):
-        kind = reduce_kind(op, dtype_of(flat))
+    def _reduce_scatter_flat(self, name, output, flat, ts, op, what):
+        kind = reduce_kind(op, dtype_of(flat), what)
         w = self._size
-        (o,) = self.launch(name, ("reduce_scatter", kind, 1), lambda: body_reduce_scatter(kind, w), [flat], ts)
+        (o,) = self.launch(name, ("reduce_scatter", kind, 1), lambda: body_reduce_scatter(kind, w),
+                           [flat] + _factor_block(op, kind, dtype_of(flat), what), ts)
         store(output, o)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
@@ -128,22 +181,27 @@ class CollectiveOps:
                 raise ValueError(f"torchtpu.distributed: reduce_scatter needs {self._size} inputs, got {len(ins)}")
             if out.numel():
                 flat = jnp.concatenate([flat_in(t) for t in ins])
-                self._reduce_scatter_flat("REDUCE_SCATTER", out, flat, ins, op)
+                self._reduce_scatter_flat("REDUCE_SCATTER", out, flat, ins, op, "reduce_scatter")
+            else:
+                _check_empty(op, [out], "reduce_scatter")
         return self._work(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = ReduceOp.SUM if opts is None else opts.reduceOp
+        what = "reduce_scatter_tensor"
         if output.numel() * self._size != input.numel():
             raise ValueError(
                 f"torchtpu.distributed: reduce_scatter_tensor: input has {input.numel()} elements, "
                 f"expected {self._size} x {output.numel()}")
         if output.numel():
-            kind = reduce_kind(op, jaxenv.to_jax_dtype(input.dtype))
+            kind = reduce_kind(op, jaxenv.to_jax_dtype(input.dtype), what)
             w = self._size
             if not (fused.recording(self) and fused.record_written(
                     self, "REDUCE_SCATTER_BASE", ("reduce_scatter", kind, 1), lambda: body_reduce_scatter(kind, w),
-                    [input], [output])):
-                self._reduce_scatter_flat("REDUCE_SCATTER_BASE", output, flat_in(input), [input], op)
+                    [input] + _factor_tensor(op, kind, input.dtype, what), [output])):
+                self._reduce_scatter_flat("REDUCE_SCATTER_BASE", output, flat_in(input), [input], op, what)
+        else:
+            _check_empty(op, [output], what)
         return self._work([output])
 
     reduce_scatter_single = _reduce_scatter_base

@@ -29,10 +29,11 @@ import torch
 
 from ..eager import deferred, modes, scalars
 from ..runtime import cache as _caches
-from ..runtime import leaf, storage, tensors, transfer
+from ..runtime import jaxenv, leaf, storage, tensors, transfer
 from ..spmd.functional import LOWERINGS
 from ..spmd.mesh import Context, tpu_group
 from ..spmd.mode import get_collectives
+from ..spmd.reduce import reduce_kind_named
 
 funcol = torch.ops._c10d_functional
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -64,6 +65,10 @@ _OPS = {
     funcol.all_to_all_single.default: _same,
     funcol.broadcast.default: _same,
 }
+
+
+# the ops that take a reduce op (their second argument), with the name errors give them
+_REDUCING = {funcol.all_reduce.default: "all_reduce", funcol.reduce_scatter_tensor.default: "reduce_scatter_tensor"}
 
 
 class _Op:
@@ -223,6 +228,10 @@ def _kernel(op):
             # PyTorch's own implementation: the process group's collective (it flushes
             # the region first), with its work registered for wait_tensor
             return op.redispatch(_CPU, *args)
+        if op in _REDUCING:
+            # a reduce op the dtype refuses fails here, at the line that issued it, not
+            # when the region is traced
+            reduce_kind_named(args[1], jaxenv.to_jax_dtype(x.dtype), _REDUCING[op])
         entry = storage.lookup(x)
         static = tuple(tuple(a) if isinstance(a, list) else a for a in args[1:])
         lf = leaf.leaf_of(x, 0)

@@ -4,6 +4,8 @@ The process group's own programs ("skinny" collectives, one executable each) see
 rank's tensors as flat 1-D blocks; `body_*` build their bodies (`w` is the group size).
 `allreduce_block` and `reduce_scatter_block` are shared with the functional collectives
 of compiled graphs and fused regions (spmd/functional.py), so every path reduces alike.
+A PREMUL_SUM collective ("premul_sum", spmd/reduce.py) takes one more input, last: each
+rank's factor as a one-element block (a runtime value: a new factor compiles nothing).
 """
 from __future__ import annotations
 
@@ -37,7 +39,14 @@ def _combine(stacked, kind):
 def _avg(x, w):
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return (x / w).astype(x.dtype)
-    return x // w
+    # integers: rounded toward zero, as NCCL's AVG (FuncSumPostDiv), not floored
+    return jax.lax.div(x, jnp.asarray(w, x.dtype))
+
+
+def premul(x, factor):
+    """PREMUL_SUM's local step: x times its rank's factor (a one-element block, any float
+    dtype), the factor cast to x's dtype first as NCCL's scalar is, the product in x's dtype."""
+    return x * factor.reshape(()).astype(x.dtype)
 
 
 def allreduce_block(x, kind: str, w: int):
@@ -72,6 +81,8 @@ def reduce_scatter_block(x, kind: str, w: int):
 
 
 def body_allreduce(kind, w):
+    if kind == "premul_sum":  # the last input is the factor
+        return lambda *xs: tuple(allreduce_block(premul(x, xs[-1]), "sum", w) for x in xs[:-1])
     return lambda *xs: tuple(allreduce_block(x, kind, w) for x in xs)
 
 
@@ -84,6 +95,8 @@ def body_allgather(w):
 
 
 def body_reduce_scatter(kind, w):
+    if kind == "premul_sum":  # the last input is the factor
+        return lambda *xs: tuple(reduce_scatter_block(premul(x, xs[-1]), "sum", w) for x in xs[:-1])
     return lambda *xs: tuple(reduce_scatter_block(x, kind, w) for x in xs)
 
 

@@ -15,7 +15,7 @@ funcol = torch.ops._c10d_functional
 
 
 def _all_reduce(ctx, x, reduce_op, group_name):
-    return allreduce_block(x, reduce_kind_named(reduce_op, x.dtype), ctx.size)
+    return allreduce_block(x, reduce_kind_named(reduce_op, x.dtype, "all_reduce"), ctx.size)
 
 
 def _all_reduce_coalesced(ctx, xs, reduce_op, group_name):
@@ -36,7 +36,8 @@ def _reduce_scatter(ctx, x, reduce_op, group_size, group_name):
     w = ctx.size
     out_shape = (x.shape[0] // w,) + tuple(x.shape[1:])
     # dim 0 is the outermost, so rank r's rows are the r-th flat chunk
-    return reduce_scatter_block(x.reshape(-1), reduce_kind_named(reduce_op, x.dtype), w).reshape(out_shape)
+    kind = reduce_kind_named(reduce_op, x.dtype, "reduce_scatter_tensor")
+    return reduce_scatter_block(x.reshape(-1), kind, w).reshape(out_shape)
 
 
 def _reduce_scatter_coalesced(ctx, xs, reduce_op, group_size, group_name):
