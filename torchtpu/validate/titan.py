@@ -312,6 +312,21 @@ def _run_on_host() -> None:
             dist.barrier = barrier
 
     du.set_pg_timeouts = host_pg_timeouts
+
+    # TorchTitan sets FSDP2's gradient divide factor to 1.0 (it scales by the global token
+    # count itself), so FSDP2 reduce-scatters with ReduceOp.PREMUL_SUM(1.0), which gloo
+    # refuses; on the host the oracle reduces with SUM, the same sum
+    import torchtitan.distributed.fsdp as tf
+
+    no_division = tf.disable_fsdp_gradient_division
+
+    def host_no_division(model):
+        no_division(model)
+        for module in model.modules():
+            if isinstance(module, tf.FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+    tf.disable_fsdp_gradient_division = host_no_division
     # flex_attention refuses CPU tensors that need gradients (Inductor's CPU kernel has no
     # backward); its eager path, PyTorch's dense reference with autograd, has one. The
     # oracle runs that path: TorchTitan's compiled flex call becomes the eager one (as
