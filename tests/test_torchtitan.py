@@ -22,7 +22,6 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.slow
 
 FP32 = ("--training.mixed_precision_param", "float32")
 # TorchTitan 0.3.0's default SPMD backend ("spmd_types") hands FSDP2 plain parameters with
@@ -119,6 +118,7 @@ def _cpu(titan):
     return titan.run("cpu", 1, *STRICT, cpu=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
 def test_one_process(titan, mode):
     """1 process (TorchTitan still wraps the model in FSDP2 on a 1-device mesh), float32."""
@@ -131,12 +131,14 @@ def test_one_process(titan, mode):
     _close(got, _cpu(titan), RTOL, mode)
 
 
+@pytest.mark.slow
 def test_full_activation_checkpointing(titan):
     """Every block recomputed in backward: the same losses as CPU without recompute."""
     got = titan.run("full_ac", 1, "--config", "llama3_debug_2l_full_ac", *FP32, mode="strict")
     _close(got, _cpu(titan), RTOL, "full AC")
 
 
+@pytest.mark.slow
 def test_resume_bit_identical(titan):
     """DCP save at step 5, resume in a fresh process: steps 6-10 bit-identical."""
     whole = titan.run("strict", 1, *STRICT, mode="strict")
@@ -153,6 +155,7 @@ def test_resume_bit_identical(titan):
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in whole[5:]]
 
 
+@pytest.mark.slow
 def test_fsdp2(titan):
     """2 processes, FSDP2 over both (TorchTitan's gradient divide factor: PREMUL_SUM)."""
     want = titan.run("fsdp_cpu", 2, *BASE, *FSDP2, cpu=True)
@@ -160,6 +163,7 @@ def test_fsdp2(titan):
     _close(got, want, RTOL, "FSDP2")
 
 
+@pytest.mark.slow
 def test_tensor_parallel(titan):
     """2 processes, tensor parallel (DTensor, sequence parallel) over both."""
     want = titan.run("tp_cpu", 2, *BASE, *TP2, cpu=True)
@@ -167,8 +171,55 @@ def test_tensor_parallel(titan):
     _close(got, want, RTOL, "TP")
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision(titan):
     """TorchTitan's default: FSDP2's bf16 parameters and compute, float32 reductions."""
     want = titan.run("bf16_cpu", 1, "--config", "llama3_debug_2l", cpu=True)
     got = titan.run("bf16", 1, "--config", "llama3_debug_2l", mode="strict")
     _close(got, want, BF16_RTOL, "bf16")
+
+
+# ---- fast: the launcher's own pieces -------------------------------------------------------
+
+
+def test_launcher_parses_torchtitan_configs(tmp_path, monkeypatch):
+    """TorchTitan's ConfigManager parses the configs with the installed tyro (SelectiveAC's
+    default included), and the triton stand-in is gone once TorchTitan's model loads."""
+    pytest.importorskip("torchtitan")
+    import importlib.util
+
+    import torch.utils._triton
+
+    from torchtpu.validate import titan as T
+
+    T.make_assets(str(tmp_path))
+    monkeypatch.setenv("TORCHTPU_TITAN_ASSETS", str(tmp_path))
+    T._tolerate_missing_triton()
+    T._match_annotated_subcommands()
+    if importlib.util.find_spec("triton") is None:
+        assert "triton" not in sys.modules and not torch.utils._triton.has_triton_package()
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    base = ConfigManager().parse_args(["--module", "torchtpu.validate.titan", "--config",
+                                       "llama3_debug_2l", "--metrics.loss_file", "x.jsonl"])
+    assert isinstance(base.activation_checkpoint, SelectiveAC.Config)
+    assert base.metrics.loss_file == "x.jsonl" and len(base.model_spec.model.layers) == 2
+    full = ConfigManager().parse_args(["--module", "torchtpu.validate.titan", "--config",
+                                       "llama3_debug_2l_full_ac"])
+    assert isinstance(full.activation_checkpoint, FullAC.Config)
+
+
+def test_assets_tokenizer(tmp_path):
+    """The generated tokenizer loads through TorchTitan's HuggingFaceTokenizer with BOS/EOS."""
+    pytest.importorskip("torchtitan")
+    from torchtpu.validate import titan as T
+
+    T.make_assets(str(tmp_path))
+    T._tolerate_missing_triton()
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    tok = HuggingFaceTokenizer(tokenizer_path=str(tmp_path / "tokenizer"))
+    ids = tok.encode("the model", add_bos=True, add_eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and len(ids) == len("the model") + 2
+    assert tok.decode(ids[1:-1]) == "the model" and tok.get_vocab_size() <= 2048
