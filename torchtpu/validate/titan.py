@@ -35,7 +35,9 @@ packages installed here, on any device; a user on tpu meets them as on CUDA):
 - The CPU oracle: TorchTitan has no CPU training path (its device falls back to "cuda"),
   so `--cpu` points its device globals at the host, and runs flex attention through
   PyTorch's eager dense reference (flex_attention refuses CPU inputs that need gradients,
-  as Inductor's CPU kernel has no backward).
+  as Inductor's CPU kernel has no backward), its FSDP2 reduces gradients with SUM (gloo has
+  no PREMUL_SUM; TorchTitan's divide factor is 1.0) and its post-step-1 barrier takes no
+  device id (the id would name torch.accelerator's tpu).
 """
 from __future__ import annotations
 
