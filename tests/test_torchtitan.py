@@ -87,7 +87,11 @@ class Titan:
         if not seed:
             return []
         with open(losses) as f:
-            return [json.loads(line) for line in f]
+            steps = [json.loads(line) for line in f]
+        # TorchTitan chose the device and c10d backend itself
+        want = "cpu" if cpu else "tpu"
+        assert {(r["device"], r["backend"]) for r in steps} == {(want, "gloo" if cpu else "tpu")}, name
+        return steps
 
     def run(self, name: str, nproc: int, *args: str, cpu: bool = False, mode: str | None = None):
         key = (nproc, args, cpu, mode)

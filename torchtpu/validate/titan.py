@@ -115,16 +115,23 @@ def _loss_recorder():
         @dataclass(kw_only=True, slots=True)
         class Config(MetricsProcessor.Config):
             loss_file: str = ""
-            """JSON-lines file for {step, loss, max_loss, grad_norm} (rank 0 writes it)"""
+            """JSON-lines file for {step, loss, max_loss, grad_norm, device, backend} (rank 0
+            writes it): TorchTitan's device type and the process group's backend"""
 
         def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
             path = self.config.loss_file
             if path and int(os.environ.get("RANK", "0")) == 0:
+                import torch.distributed as dist
+                from torchtitan.tools import utils
+
                 with open(path, "a") as f:
                     f.write(json.dumps({"step": step, "loss": float(global_avg_loss),
                                         "max_loss": float(global_max_loss),
-                                        "grad_norm": float(grad_norm)}) + "\n")
+                                        "grad_norm": float(grad_norm),
+                                        "device": utils.device_type,
+                                        "backend": dist.get_backend() if dist.is_initialized() else None,
+                                        }) + "\n")
 
     return LossRecorder
 
