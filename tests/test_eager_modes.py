@@ -275,3 +275,30 @@ def test_an_op_whose_shape_keeps_changing_compiles_fast_and_stays_exact():
         torch.testing.assert_close((qt @ kt.transpose(-1, -2)).softmax(-1).cpu(),
                                    (q @ k.transpose(-1, -2)).softmax(-1))
     assert torchtpu.metrics().get("fast_compiles", 0) >= 1
+
+
+def test_flush_is_invisible_to_user_dispatch_modes(defer):
+    """A region materialized while a user's TorchDispatchMode is active (a synchronize, a
+    compiled graph reading a pending input inside a checkpointed block) runs torchtpu's
+    own lowering code; its torch calls (torch.promote_types in cat's lowering, ...) must not
+    reach the user's mode. Selective activation checkpointing's mode counted them as the
+    block's ops and, in TorchTitan's defer_and_fuse run, raised "aten.promote_types.default
+    encountered during backward but not found in storage"."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(3).to("tpu")
+    b = torch.randn(4, dtype=torch.float64).to("tpu")
+    c = torch.cat([a, b]) * 2
+    with Log() as log:
+        torch.tpu.synchronize()
+    assert log.ops == []
+    assert torch.equal(c.cpu(), torch.cat([a.cpu(), b.cpu()]) * 2)

@@ -391,7 +391,22 @@ def _replay(g, inputs, out_refs):
 
 
 def flush(reason: str) -> None:
-    """Materialize every pending value (compiling the region once per fingerprint)."""
+    """Materialize every pending value (compiling the region once per fingerprint).
+
+    The region runs with the user's torch dispatch modes set aside: its lowering calls
+    torch itself (dtype promotion, host-side tensors), and a flush that no dispatched op
+    triggers (a synchronize, a compiled graph reading a pending input) would otherwise show
+    those calls to whatever mode is active, such as selective activation checkpointing's,
+    which counts the ops of a block to replay them in backward."""
+    if not _graph.nodes:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        _flush(reason)
+
+
+def _flush(reason: str) -> None:
     global _graph
     with _lock:
         g = _graph

@@ -1,5 +1,6 @@
 """Validation CLIs: `python -m torchtpu.validate ops` (PyTorch's OpInfo suite on tpu vs CPU),
-`hf` (Hugging Face model sweep), `layers` (the import contract between packages)."""
+`hf` (Hugging Face model sweep), `layers` (the import contract between packages), `titan` (TorchTitan's
+training entry point on tpu and its CPU oracle)."""
 from __future__ import annotations
 
 import importlib
@@ -8,6 +9,7 @@ VALIDATORS: dict[str, str] = {
     "ops": "torchtpu.validate.ops:main",
     "hf": "torchtpu.validate.hf:main",
     "layers": "torchtpu.validate.layers:main",
+    "titan": "torchtpu.validate.titan:main",
 }
 
 
