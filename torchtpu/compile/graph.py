@@ -433,10 +433,9 @@ def _to_copy(node, x, dtype=None, layout=None, device=None, pin_memory=None, non
              memory_format=None):
     x = jnp.asarray(x)
     if dtype is not None:
-        dt = to_jax_dtype(dtype)
-        if x.dtype.kind == "c" and dt.kind != "c":
-            x = jnp.real(x)
-        x = x.astype(dt)
+        from ..ops.low_precision import cast  # complex -> real, float8 as CPU rounds
+
+        x = cast(x, to_jax_dtype(dtype))
     return x
 
 

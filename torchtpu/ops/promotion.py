@@ -12,6 +12,8 @@ from torch._prims_common import elementwise_dtypes
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+           torch.float8_e8m0fnu)
 _SCALAR_PROXY = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
 
@@ -37,6 +39,8 @@ def result_dtypes(kind, *vals):
     """(computation dtype, result dtype) as numpy dtypes, for values in `vals`."""
     proxies = [proxy(v) for v in vals if v is not None]
     comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+    if comp in _FLOAT8:  # c10 computes float8 arithmetic in float32, rounding the result once
+        comp = torch.float32
     return to_jax_dtype(comp), to_jax_dtype(res)
 
 
