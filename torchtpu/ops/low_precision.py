@@ -35,6 +35,7 @@ E4M3FNUZ = jnp.dtype(ml_dtypes.float8_e4m3fnuz)
 E5M2FNUZ = jnp.dtype(ml_dtypes.float8_e5m2fnuz)
 E8M0 = jnp.dtype(ml_dtypes.float8_e8m0fnu)
 FLOAT8 = frozenset((E4M3FN, E5M2, E4M3FNUZ, E5M2FNUZ, E8M0))
+FLOAT4_STORAGE = jnp.dtype(ml_dtypes.float8_e4m3b11fnuz)  # torch.float4_e2m1fn_x2 (runtime/jaxenv.py)
 _F32 = jnp.dtype(jnp.float32)
 
 
@@ -81,6 +82,8 @@ def cast(x, dtype):
     src = x.dtype
     if src == dt:
         return x
+    if src == FLOAT4_STORAGE or dt == FLOAT4_STORAGE:  # its bytes, the only reading CPU has
+        return lax.bitcast_convert_type(x, dt)
     if src.kind == "c" and dt.kind != "c":
         x = jnp.real(x)
     if src in FLOAT8:

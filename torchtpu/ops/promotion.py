@@ -41,10 +41,14 @@ def result_dtypes(kind, *vals):
     comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
     if comp in _FLOAT8:  # c10 computes float8 arithmetic in float32, rounding the result once
         comp = torch.float32
+    elif comp == torch.float4_e2m1fn_x2:  # CPU compares packed float4 by its bytes
+        comp = torch.uint8
     return to_jax_dtype(comp), to_jax_dtype(res)
 
 
 def promote(kind, *vals):
     """Cast every value to the computation dtype; returns (values, result dtype)."""
     comp, res = result_dtypes(kind, *vals)
-    return [None if v is None else jnp.asarray(v).astype(comp) for v in vals], res
+    from .low_precision import cast
+
+    return [None if v is None else cast(v, comp) for v in vals], res

@@ -39,21 +39,22 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float8_e4m3fnuz: jnp.dtype(ml_dtypes.float8_e4m3fnuz),
     torch.float8_e5m2fnuz: jnp.dtype(ml_dtypes.float8_e5m2fnuz),
     torch.float8_e8m0fnu: jnp.dtype(ml_dtypes.float8_e8m0fnu),
+    # Two float4 values packed in a byte: storage only (CPU PyTorch computes nothing in it but
+    # byte moves and bytewise equality). Held in a one-byte XLA type torch does not have, so it
+    # keeps its own identity in keys and results; this one (one NaN, no -0, every value exact in
+    # float16) survives any float round trip XLA may insert bit for bit. ops/_common.is_float
+    # says False for it, and comparisons read its bytes (ops/promotion.py).
+    torch.float4_e2m1fn_x2: jnp.dtype(ml_dtypes.float8_e4m3b11fnuz),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
-# Two float4 values packed in a byte: storage only (CPU PyTorch computes nothing in it but byte
-# moves and bitwise equality), held as uint8, the one-way mapping (a uint8 array stays uint8).
-TORCH_TO_JAX[torch.float4_e2m1fn_x2] = jnp.dtype(jnp.uint8)
 
 # numpy has no bfloat16 or float8 that torch reads: host transfers reinterpret bits through a
 # same-size int.
-_BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-                torch.float4_e2m1fn_x2: (torch.uint8, np.dtype(np.uint8))}
+_BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 for _t in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-           torch.float8_e8m0fnu):
+           torch.float8_e8m0fnu, torch.float4_e2m1fn_x2):
     _BITCAST_VIA[_t] = (torch.uint8, TORCH_TO_JAX[_t])
-_NUMPY_VIA = {np.dtype(v[1]): (v[0], k) for k, v in _BITCAST_VIA.items()
-              if k is not torch.float4_e2m1fn_x2}
+_NUMPY_VIA = {np.dtype(v[1]): (v[0], k) for k, v in _BITCAST_VIA.items()}
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
