@@ -49,6 +49,6 @@ def result_dtypes(kind, *vals):
 def promote(kind, *vals):
     """Cast every value to the computation dtype; returns (values, result dtype)."""
     comp, res = result_dtypes(kind, *vals)
-    from .low_precision import cast
+    from .casts import cast
 
     return [None if v is None else cast(v, comp) for v in vals], res

@@ -300,7 +300,7 @@ def _variant(low: Lowering, op, mode: str, mutated: tuple[str, ...]) -> Lowering
 def _cast(x, dtype):
     if x.dtype == dtype:
         return x
-    from .low_precision import cast  # float8 results round as CPU's do
+    from .casts import cast  # float8 results round as CPU's do
 
     return cast(x, dtype)
 
