@@ -127,3 +127,8 @@ def full(shape, value, dtype):
     """jnp.full with the fill value cast as CPU casts it (500.0 into e4m3fn is 448)."""
     dt = jnp.dtype(dtype)
     return jnp.full(tuple(shape), cast(jnp.asarray(value), dt), dt)
+
+
+def as_bytes(x, dtype=None):
+    """A one-byte float array's bits as uint8 (dtype None), or uint8 bits as `dtype`."""
+    return lax.bitcast_convert_type(x, jnp.uint8 if dtype is None else jnp.dtype(dtype))

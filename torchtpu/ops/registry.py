@@ -316,7 +316,8 @@ def apply(low: Lowering, args: list, kwargs: dict, key=None):
         named = dict(zip(names, args))
         named.update(kwargs)
         present = [n for n in low.promote_args if named.get(n) is not None]
-        cast, res_dtype = promotion.promote(low.promote, *[named[n] for n in present])
+        cast, res_dtype = promotion.promote(low.promote, *[named[n] for n in present],
+                                            select=low.name in promotion.SELECTS)
         args = list(args)
         for n, v in zip(present, cast):
             if n in kwargs:
