@@ -319,9 +319,9 @@ def test_scaled_mm_rejects_what_cpu_rejects():
     a, b, sa, sb, _ = SCALED["tensorwise_f32"]
     for bad in [(a.float(), b.float(), sa, sb), (a, b, torch.ones(2), sb), (a, b, sa.double(), sb.double()),
                 (a, b, torch.ones(M), torch.ones(N))]:
-        with pytest.raises(RuntimeError, match="Invalid scaling configuration"):
+        with pytest.raises(ValueError, match="Invalid scaling configuration"):
             torch._scaled_mm(*bad, out_dtype=torch.float32)
-        with pytest.raises(RuntimeError, match="Invalid scaling configuration"):
+        with pytest.raises(ValueError, match="Invalid scaling configuration"):
             torch._scaled_mm(*[t.to("tpu") for t in bad], out_dtype=torch.float32)
 
 

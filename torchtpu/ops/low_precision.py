@@ -45,7 +45,7 @@ def _scaled_mm_check(self, mat2, scale_a, scale_b, bias, scale_result):
     elif rowwise(a, sa, (a.shape[0], 1)) and rowwise(b, sb, (1, b.shape[1])):
         kind = "rowwise"
     else:
-        raise RuntimeError(
+        raise ValueError(
             "Invalid scaling configuration.\n"
             "- For TensorWise scaling, a and b should be float8, scales should be float and singletons.\n"
             f"- For RowWise scaling, a and b should be float8, scales should be float, scale_a should be "
