@@ -417,3 +417,37 @@ def test_torchao_float8_hardware_check_accepts_tpu():
         mod._check_hardware_support((PerRow(), PerRow()))
     with pytest.raises(ValueError):
         quant_api._check_hardware_support((PerTensor(), PerRow()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torchao_float8_training_losses(mode):
+    """convert_to_float8_training: ten SGD steps, losses within 1e-2 relative of CPU's."""
+    pytest.importorskip("torchao.float8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.float8 import convert_to_float8_training
+
+        base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+        data = [(torch.randn(32, 64), torch.randn(32, 32)) for _ in range(10)]
+
+        def train(dev):
+            m = copy.deepcopy(base).to(dev)
+            convert_to_float8_training(m)
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            f = m
+            if dev == "tpu" and mode == "compile":
+                torch._dynamo.reset()
+                f = torch.compile(m, backend="tpu")
+            losses = []
+            with torchtpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict"):
+                for x, y in data:
+                    loss = torch.nn.functional.mse_loss(f(x.to(dev)), y.to(dev))
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+            return losses
+
+        cpu, tpu = train("cpu"), train("tpu")
+    for c, t in zip(cpu, tpu):
+        assert abs(c - t) <= 1e-2 * abs(c), (cpu, tpu)
