@@ -33,7 +33,7 @@ from ..ops import checks as _checks
 from ..ops import registry
 from ..runtime import geometry, rng
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
-from . import collectives, control_flow
+from . import collectives, control_flow, out_dtype
 
 aten = torch.ops.aten
 
@@ -204,6 +204,9 @@ class Program:
                 if hop is not None:
                     env[node] = hop(args, kwargs, jax.random.fold_in(base_key, n_random) if hop.random else None)
                     n_random += hop.random
+                    continue
+                if target is out_dtype.OP:
+                    env[node] = out_dtype.lower(*args, **kwargs)
                     continue
                 if not isinstance(target, torch._ops.OpOverload):
                     # operator.getitem, operator.mul on SymInts, torch.sym_* ...
@@ -433,10 +436,9 @@ def _to_copy(node, x, dtype=None, layout=None, device=None, pin_memory=None, non
              memory_format=None):
     x = jnp.asarray(x)
     if dtype is not None:
-        dt = to_jax_dtype(dtype)
-        if x.dtype.kind == "c" and dt.kind != "c":
-            x = jnp.real(x)
-        x = x.astype(dt)
+        from ..ops.casts import cast  # complex -> real, float8 as CPU rounds
+
+        x = cast(x, to_jax_dtype(dtype))
     return x
 
 
@@ -448,7 +450,9 @@ def _empty(node, *args, **kwargs):
 
 def _full_like(node, x, fill_value, **kwargs):
     val = _meta_of(node)
-    return jnp.full(tuple(val.shape), fill_value, to_jax_dtype(val.dtype))
+    from ..ops.casts import full  # the fill value cast as CPU casts it
+
+    return full(val.shape, fill_value, to_jax_dtype(val.dtype))
 
 
 def _index(node, x, indices):

@@ -34,12 +34,6 @@ accelerator is tpu. `cpu=True` and every device they know keep their meaning.
   (cuda, xpu, mps, else the host's RAM): continuous batching sized its KV cache from the
   host's memory on tpu. It reads `torch.tpu.mem_get_info()` and `memory_reserved()` as it
   reads cuda's.
-- `accelerate.Accelerator.prepare(model, optimizer)`: moving a model to tpu gives it new
-  Parameter objects (PyTorch swaps parameter data in place only between its dense
-  backends: CPU -> cuda keeps the objects, CPU -> PrivateUse1 or XLA does not), so an
-  optimizer built before `prepare`, Accelerate's documented order, kept stepping the CPU
-  parameters, which get no gradients: nothing trained, silently. Accelerate maps the
-  optimizer onto the moved parameters for XLA; prepare does the same on tpu.
 """
 from __future__ import annotations
 
@@ -106,45 +100,8 @@ def _patch_fp16_allow_list(accelerator) -> None:
     init.__code__ = code.replace(co_consts=tuple(consts))
 
 
-def _patch_prepare(accelerator) -> None:
-    cls = accelerator.Accelerator
-    orig = cls.__dict__.get("prepare")
-    if orig is None or getattr(orig, "_torchtpu", False):
-        return
-    skip = {"DEEPSPEED", "MEGATRON_LM", "XLA"}  # their own ways (XLA: the same mapping, by Accelerate)
-
-    @_marked
-    def prepare(self, *args, device_placement=None):
-        dist = getattr(self.distributed_type, "value", self.distributed_type)
-        if self.device.type != "tpu" or not self.device_placement or self.is_fsdp2 or dist in skip:
-            return orig(self, *args, device_placement=device_placement)
-        from accelerate.utils import extract_model_from_parallel
-
-        def named(m):  # under DDP or torch.compile wrappers, the names the user's module gives
-            return dict(extract_model_from_parallel(m, keep_torch_compile=False).named_parameters())
-
-        old = [named(a) if isinstance(a, torch.nn.Module) else None for a in args]
-        result = orig(self, *args, device_placement=device_placement)
-        objs = result if isinstance(result, tuple) else (result,)
-        mapping = {}
-        for before, obj in zip(old, objs):
-            if before is not None and isinstance(obj, torch.nn.Module):
-                after = named(obj)
-                mapping.update({p: after[n] for n, p in before.items() if n in after and after[n] is not p})
-        if mapping:
-            for obj in objs:
-                if isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "_switch_parameters"):
-                    obj._switch_parameters(mapping)
-        return result
-
-    prepare.__doc__ = orig.__doc__
-    prepare.__wrapped__ = orig
-    cls.prepare = prepare
-
-
 def _patch_accelerator(accelerator) -> None:
     _patch_fp16_allow_list(accelerator)
-    _patch_prepare(accelerator)
 
 
 def _patch_grad_scaler(modeling) -> None:

@@ -240,7 +240,7 @@ def bind() -> None:
             except ImportError:  # not built: torchtpu names the fix when the device is used
                 pass
         warnings.filterwarnings("ignore", message=r"GetGeneratorForPrivateuse1\(\) is deprecated")
-        for leaf in ("device.shallow_copy", "device.accelerator", "device.accelerate_support"):
+        for leaf in ("device.shallow_copy", "device.accelerator", "device.accelerate_support", "device.torchao_support"):
             _leaf(leaf).install()
         if not hasattr(torch.storage._StorageBase, "tpu"):
             from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend

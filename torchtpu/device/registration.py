@@ -15,7 +15,7 @@ def register() -> None:
     lazy.name_device(module)  # done already where autoload bound the device (torch.tpu was lazy)
     lazy.retire(module)  # autoload's lazy kernels and wrappers go; torch.tpu is `module`
     from . import (accelerate_support, accelerator, autocast, default_compile, events, profiler, shallow_copy,
-                   storage_api, streams, type_names)
+                   storage_api, streams, torchao_support, type_names)
 
     autocast.install()
     storage_api.install()
@@ -24,6 +24,7 @@ def register() -> None:
     accelerator.install()  # torch.accelerator.synchronize / memory_* / ... reach torch.tpu
     default_compile.install()  # torch.compile(model) on tpu tensors uses backend "tpu"
     accelerate_support.install()  # HF Accelerate (Trainer) defaults to tpu, as to cuda
+    torchao_support.install()  # torchao's float8 inference accepts tpu hardware
     profiler.install()  # torch.profiler traces get each program's device time
     type_names.install()  # autograd errors name torch.tpu.FloatTensor, not tpuFloatType
     shallow_copy.install()  # module.to("tpu") keeps its Parameter objects, as on CUDA

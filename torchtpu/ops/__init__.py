@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     indexing,
     linalg,
     losses,
+    low_precision,
     memory,
     nn,
     nn_extra,

@@ -6,6 +6,7 @@ test arrays (pointwise) and those that test dtypes (reductions) use the same one
 from __future__ import annotations
 
 import jax.numpy as jnp
+import ml_dtypes
 
 # float16/bfloat16: computed and accumulated in float32 (PyTorch's opmath type)
 LOW_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -30,9 +31,13 @@ def is_intlike(x) -> bool:
     return is_int(x) or is_bool(x)
 
 
+_FLOAT4_STORAGE = jnp.dtype(ml_dtypes.float8_e4m3b11fnuz)  # torch.float4_e2m1fn_x2 (runtime/jaxenv.py)
+
+
 def is_float(x) -> bool:
-    """A real floating type (not complex)."""
-    return bool(jnp.issubdtype(_dtype(x), jnp.floating))
+    """A real floating type (not complex); not float4_e2m1fn_x2, whose bytes are only stored."""
+    dt = _dtype(x)
+    return bool(jnp.issubdtype(dt, jnp.floating)) and dt != _FLOAT4_STORAGE
 
 
 def is_complex(x) -> bool:

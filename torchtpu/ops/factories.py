@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype
-from . import promotion
+from . import casts, promotion
 from .registry import kernel, lower
 
 
@@ -210,9 +210,8 @@ def _fill(shape, value, dtype):
     v = jnp.asarray(value)
     if jdt == jnp.bool_:
         v = v != 0
-    elif v.dtype.kind == "c" and jnp.dtype(jdt).kind != "c":
-        v = jnp.real(v)
-    return jnp.full(tuple(shape), v.astype(jdt), jdt)
+        return jnp.full(tuple(shape), v, jdt)
+    return casts.full(shape, v, jdt)  # complex -> real, float8 as CPU rounds
 
 
 @lower("full")
@@ -223,7 +222,7 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
 @lower("zeros")
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = dtype or _default()
-    return jnp.zeros(tuple(size), to_jax_dtype(dtype))
+    return casts.zeros(size, to_jax_dtype(dtype))
 
 
 @lower("ones")

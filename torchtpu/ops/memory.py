@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from . import casts
 from .registry import lower
 
 
 @lower("copy")
 def copy(self, src, non_blocking=False):
-    src = jnp.asarray(src)
-    if src.dtype.kind == "c" and self.dtype.kind != "c":
-        src = jnp.real(src)
-    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+    return casts.cast(jnp.broadcast_to(jnp.asarray(src), self.shape), self.dtype)
 
 
 @lower("clone")
@@ -21,12 +19,12 @@ def clone(self, memory_format=None):
 
 @lower("fill.Scalar", "fill.Tensor")
 def fill(self, value):
-    return jnp.full(self.shape, value, self.dtype)
+    return casts.full(self.shape, value, self.dtype)
 
 
 @lower("zero")
 def zero(self):
-    return jnp.zeros(self.shape, self.dtype)
+    return casts.zeros(self.shape, self.dtype)
 
 
 @lower("lift_fresh_copy", "lift", "alias_copy", "detach_copy")

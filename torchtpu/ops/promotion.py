@@ -12,6 +12,8 @@ from torch._prims_common import elementwise_dtypes
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+           torch.float8_e8m0fnu)
 _SCALAR_PROXY = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
 
@@ -33,14 +35,25 @@ def proxy(x):
     return torch.empty(tuple(jnp.shape(x)), dtype=to_torch_dtype(x.dtype), device="meta")
 
 
-def result_dtypes(kind, *vals):
+# Ops that only select among their inputs' values: float8 stays float8 (bits moved as they are,
+# NaN payloads too), not computed in float32.
+SELECTS = frozenset({"where.self"})
+
+
+def result_dtypes(kind, *vals, select=False):
     """(computation dtype, result dtype) as numpy dtypes, for values in `vals`."""
     proxies = [proxy(v) for v in vals if v is not None]
     comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+    if comp in _FLOAT8 and not select:  # c10 computes float8 arithmetic in float32, rounding once
+        comp = torch.float32
+    elif comp == torch.float4_e2m1fn_x2:  # CPU compares packed float4 by its bytes
+        comp = torch.uint8
     return to_jax_dtype(comp), to_jax_dtype(res)
 
 
-def promote(kind, *vals):
+def promote(kind, *vals, select=False):
     """Cast every value to the computation dtype; returns (values, result dtype)."""
-    comp, res = result_dtypes(kind, *vals)
-    return [None if v is None else jnp.asarray(v).astype(comp) for v in vals], res
+    comp, res = result_dtypes(kind, *vals, select=select)
+    from .casts import cast
+
+    return [None if v is None else cast(v, comp) for v in vals], res

@@ -10,6 +10,7 @@ from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from ._common import wrap_dim as _wrap
+from . import casts
 from .registry import lower
 
 
@@ -41,7 +42,10 @@ def cat(tensors, dim=0):
                     f"Sizes of tensors must match except in dimension {dim}. Expected size "
                     f"{ref.shape[d]} but got size {t.shape[d]} for tensor number {i} in the list."
                 )
-    return jnp.concatenate([t.astype(dt) for t in keep], axis=dim)
+    parts = [casts.cast(t, dt) for t in keep]
+    if dt in casts.FLOAT8:  # XLA:CPU's concatenate rewrites e5m2 NaN payloads; CPU's moves bytes
+        return casts.as_bytes(jnp.concatenate([casts.as_bytes(p) for p in parts], axis=dim), dt)
+    return jnp.concatenate(parts, axis=dim)
 
 
 # --- flip / roll / repeat / triangles --------------------------------------

@@ -32,11 +32,29 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.bool: jnp.dtype(jnp.bool_),
     torch.complex64: jnp.dtype(jnp.complex64),
     torch.complex128: jnp.dtype(jnp.complex128),
+    # float8: XLA's own element types (ml_dtypes); casts into them saturate or not as CPU's do
+    # (ops/low_precision.py), not as XLA's plain convert does
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: jnp.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: jnp.dtype(ml_dtypes.float8_e5m2fnuz),
+    torch.float8_e8m0fnu: jnp.dtype(ml_dtypes.float8_e8m0fnu),
+    # Two float4 values packed in a byte: storage only (CPU PyTorch computes nothing in it but
+    # byte moves and bytewise equality). Held in a one-byte XLA type torch does not have, so it
+    # keeps its own identity in keys and results; this one (one NaN, no -0, every value exact in
+    # float16) survives any float round trip XLA may insert bit for bit. ops/_common.is_float
+    # says False for it, and comparisons read its bytes (ops/promotion.py).
+    torch.float4_e2m1fn_x2: jnp.dtype(ml_dtypes.float8_e4m3b11fnuz),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
-# numpy has no bfloat16: host transfers reinterpret bits through a same-size int.
+# numpy has no bfloat16 or float8 that torch reads: host transfers reinterpret bits through a
+# same-size int.
 _BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
+for _t in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+           torch.float8_e8m0fnu, torch.float4_e2m1fn_x2):
+    _BITCAST_VIA[_t] = (torch.uint8, TORCH_TO_JAX[_t])
+_NUMPY_VIA = {np.dtype(v[1]): (v[0], k) for k, v in _BITCAST_VIA.items()}
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
@@ -82,6 +100,7 @@ def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     if not a.flags.writeable:
         a = a.copy()  # device arrays read back on XLA:CPU are read-only views
     a = np.ascontiguousarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    via = _NUMPY_VIA.get(a.dtype)
+    if via is not None:
+        return torch.from_numpy(a.view(TORCH_TO_JAX[via[0]])).view(via[1])
     return torch.from_numpy(a)

@@ -74,10 +74,13 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
         if numel == entry.numel and geometry.is_contiguous(tuple(t.shape), t.stride()):
             return flat.reshape(t.shape)
         item = flat.itemsize
+        kind = flat.dtype
+        if item == 1 and kind != np.uint8 and kind != np.int8 and kind != np.bool_:
+            flat = flat.view(np.uint8)  # as_strided does not take ml_dtypes' float8 types
         view = np.lib.stride_tricks.as_strided(
             flat[t.storage_offset():] if numel else flat, shape=tuple(t.shape),
             strides=tuple(s * item for s in t.stride()), writeable=False)
-        return np.ascontiguousarray(view)
+        return np.ascontiguousarray(view).view(kind)
     return np.asarray(value(t))
 
 
