@@ -508,3 +508,15 @@ def test_complex_rope_gradients_match_cpu_compiled(no_fallback):
     close(lt, loss)
     close(xt.grad, x.grad)
     close(wt.grad, w.grad)
+
+
+def test_linalg_error_check_under_with_effects_compiled():
+    # linalg.inv's graph holds with_effects(token, _linalg_check_errors, info): the higher-order
+    # op was called with JAX tracers (TypeError), and the effect token came back as no value
+    f = torch.compile(lambda a: torch.linalg.inv(a), backend="tpu", dynamic=False)
+    a = torch.randn(2, 3, 3, dtype=torch.complex64)
+    close(f(a.to("tpu")), torch.linalg.inv(a))
+    singular = torch.eye(3).repeat(2, 1, 1)
+    singular[1, 2, 2] = 0
+    with pytest.raises(torch.linalg.LinAlgError, match=r"\(Batch element 1\): The diagonal element 3 is zero"):
+        f(singular.to("tpu")).cpu()
