@@ -208,6 +208,14 @@ class Program:
                 if target is out_dtype.OP:
                     env[node] = out_dtype.lower(*args, **kwargs)
                     continue
+                if target is _WITH_EFFECTS:
+                    # an op with side effects (a LinAlgError check) threaded on a token: the
+                    # token passes through, the op runs as a node of its own
+                    token, op, *rest = args
+                    with _checks.scope(overload_name(op), where=_user_line(node)):
+                        outs = self._effect(node, op, rest, kwargs)
+                    env[node] = (token, *outs)
+                    continue
                 if not isinstance(target, torch._ops.OpOverload):
                     # operator.getitem, operator.mul on SymInts, torch.sym_* ...
                     env[node] = target(*args, **kwargs)
@@ -230,6 +238,22 @@ class Program:
             elif node.op == "get_attr":
                 env[node] = self.constants[node.target]
         return result, mutated
+
+    def _effect(self, node, op, args, kwargs) -> tuple:
+        """The results of `op` under with_effects, as a tuple (the node's value less its token)."""
+        special = EFFECTS.get(op)
+        if special is not None:
+            out = special(node, *args, **kwargs)
+        else:
+            low = registry.LOWERINGS.get(overload_name(op))
+            if low is not None and not low.random:
+                out = registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), None)
+            else:
+                val = _meta_of(node)
+                out = _cpu_callback(node, op, args, kwargs, val=tuple(val[1:]), ordered=True)
+        if out is None:
+            return ()
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def _run(self, node, target, low, args, kwargs, key):
         coll = collectives.LOWERINGS.get(target)
@@ -531,6 +555,38 @@ SPECIAL = {
 }
 
 
+def _linalg_check_errors(node, info, api_name, is_matrix):
+    """LAPACK's info != 0 raises torch.linalg.LinAlgError on CPU; here a device-side check (as
+    CUDA's linalg errors surface at a later synchronization), CPU's own message for the first
+    failing batch element."""
+    info = jnp.asarray(info)
+    if _checks.active() is None:
+        return None
+    shape = tuple(info.shape)
+    flat = info.reshape(-1)
+    bad = flat != 0
+
+    def message(v, at):
+        host = torch.zeros(shape, dtype=torch.int32)
+        host.view(-1)[at] = v
+        try:
+            torch.ops.aten._linalg_check_errors(host, api_name, is_matrix=is_matrix)
+        except Exception as e:  # noqa: BLE001  (CPU's error is the message wanted)
+            return str(e)
+        return f"{api_name}: info {v}"
+
+    _checks.report(jnp.any(bad), _checks.first(bad, flat), jnp.argmax(bad) if flat.size else 0,
+                   exc=torch.linalg.LinAlgError, message=message)
+    return None
+
+
+_WITH_EFFECTS = torch.ops.higher_order.with_effects
+# what with_effects may wrap that the compiler serves itself
+EFFECTS = {
+    aten._linalg_check_errors.default: _linalg_check_errors,
+}
+
+
 # ---- the host part ---------------------------------------------------------------------------
 
 def _on_host(val) -> bool:
@@ -595,10 +651,12 @@ class HostPart:
 
 # ---- CPU fallback inside a compiled program ------------------------------------------------
 
-def _cpu_callback(node, target, args, kwargs):
-    """Run the op on the CPU from inside the program (jax.pure_callback), counted."""
+def _cpu_callback(node, target, args, kwargs, val=None, ordered=False):
+    """Run the op on the CPU from inside the program (jax.pure_callback), counted. `val`: its
+    traced value when not the node's; `ordered`: an op run for its side effects (under
+    with_effects), kept in program order even with no outputs (jax.experimental.io_callback)."""
     name = overload_name(target)
-    val = _meta_of(node)
+    val = _meta_of(node) if val is None else val
     flat_out, out_tree = torch.utils._pytree.tree_flatten(val)
     shapes = [
         jax.ShapeDtypeStruct(tuple(v.shape), to_jax_dtype(v.dtype)) for v in flat_out
@@ -622,7 +680,12 @@ def _cpu_callback(node, target, args, kwargs):
         outs = [o for o in torch.utils._pytree.tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         return tuple(torch_to_numpy(o.detach()).reshape(s.shape) for o, s in zip(outs, shapes))
 
-    res = jax.pure_callback(host, tuple(shapes), *[leaves[p] for p in arr_pos])
+    if ordered:
+        from jax.experimental import io_callback
+
+        res = io_callback(host, tuple(shapes), *[leaves[p] for p in arr_pos], ordered=True)
+    else:
+        res = jax.pure_callback(host, tuple(shapes), *[leaves[p] for p in arr_pos])
     it = iter(res)
     rebuilt = [next(it) if isinstance(v, torch.Tensor) else v for v in flat_out]
     return torch.utils._pytree.tree_unflatten(rebuilt, out_tree)

@@ -319,6 +319,9 @@ class CompiledGraph:
                     results.append(tensors.alias(base, shape, stride, base.storage_offset() + delta))
             elif node in host_outs:
                 results.append(host_outs[node])
+            elif isinstance(val, torch.Tensor) and o is None:
+                # an effect token (aot_autograd threads None through the graph and drops it)
+                results.append(None)
             elif isinstance(val, torch.Tensor):
                 if val.device.type == "cpu":
                     results.append(numpy_to_torch(jax.device_get(o)).reshape(shape))
