@@ -120,6 +120,10 @@ class Config:
     dist_abort: bool = _var("TORCHTPU_DIST_ABORT", "1", _on_unless("0"),
                             "a failed or timed-out collective ends the process; `0` only records it",
                             read="use")
+    # tools
+    titan_assets: Optional[str] = _var("TORCHTPU_TITAN_ASSETS", "unset", _path,
+                                       "directory of `python -m torchtpu.validate titan assets DIR` (tokenizer "
+                                       "and dataset TorchTitan's configs read)", read="use")
 
 
 _FIELDS = {f.name: f for f in fields(Config)}

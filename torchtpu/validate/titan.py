@@ -96,7 +96,9 @@ def make_assets(root: str, docs: int = 64, seed: int = 0) -> str:
 
 
 def _assets() -> str:
-    root = os.environ.get("TORCHTPU_TITAN_ASSETS")
+    from .. import config
+
+    root = config.read("titan_assets")
     if not root:
         raise RuntimeError("set TORCHTPU_TITAN_ASSETS to a directory made by "
                            "`python -m torchtpu.validate titan assets DIR`")
