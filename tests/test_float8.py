@@ -18,6 +18,13 @@ pytestmark = pytest.mark.usefixtures("no_fallback")
 F8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
       torch.float8_e8m0fnu]
 MODES = ["strict", "defer_and_fuse", "compile"]
+
+
+def _modes_by_dtype(dtypes):
+    """(mode, dtype) pairs; compiled ones past the first dtype are slow (each compile costs a
+    Dynamo trace, and one dtype compiled shows the graph path; the eager modes cover every one)."""
+    return [pytest.param(m, d, marks=[pytest.mark.slow] if m == "compile" and d is not dtypes[0] else [],
+                         id=f"{d}-{m}") for d in dtypes for m in MODES]
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
              torch.float16: torch.int16}
 
@@ -75,8 +82,7 @@ def _sources():
 SOURCES = _sources()
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8, ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8))
 @pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_cast_into_float8_bit_exact(dt, src, mode):
     x = SOURCES.to(src)
@@ -97,8 +103,7 @@ _OUT = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int16
         torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool, torch.complex64] + F8
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8, ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8))
 def test_cast_from_float8_every_value(dt, mode):
     """Each of the 256 codes to every dtype (integers: where C's conversion is defined)."""
     x = torch.arange(256, dtype=torch.uint8).view(dt)
@@ -121,8 +126,7 @@ def test_cast_from_float8_every_value(dt, mode):
             assert torch.equal(got[keep], want[keep]), odt
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8, ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8))
 def test_cast_integers_into_float8(dt, mode):
     for src in (torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool):
         x = torch.randint(-300000, 300000, (2000,)).to(src) if src != torch.bool \
@@ -155,8 +159,7 @@ def test_transfers_bit_exact(dt):
     assert_bits(torch.arange(256, dtype=torch.uint8, device="tpu").view(dt).cpu(), x.flatten())
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8 + [torch.float4_e2m1fn_x2], ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8 + [torch.float4_e2m1fn_x2]))
 def test_factories(dt, mode):
     assert_bits(run(mode, lambda: torch.zeros(3, 4, dtype=dt, device="tpu")), torch.zeros(3, 4, dtype=dt))
     e = run(mode, lambda: torch.empty(5, dtype=dt, device="tpu"))
@@ -197,8 +200,7 @@ def _operands(dt):
     return a, b
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8 + [torch.float4_e2m1fn_x2], ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8 + [torch.float4_e2m1fn_x2]))
 def test_byte_ops(dt, mode):
     a, b = _operands(dt)
     for name, fn in _byte_ops().items():
@@ -226,8 +228,7 @@ def _value_ops(dt):
     return ops
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dt", F8, ids=str)
+@pytest.mark.parametrize("mode,dt", _modes_by_dtype(F8))
 def test_value_ops(dt, mode):
     """Arithmetic CPU PyTorch runs on float8: computed in float32, rounded once as CPU rounds."""
     a, b = _operands(dt)
