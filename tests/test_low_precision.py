@@ -14,6 +14,7 @@ from torch.testing._internal.opinfo.core import BinaryUfuncInfo, ReductionOpInfo
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torchtpu
+from torchtpu.validate.samples import sample_inputs
 from torchtpu.validate.ops import NONDETERMINISTIC
 
 # First samples per OpInfo and dtype: the default run takes the first one in each dtype, the slow
@@ -125,7 +126,7 @@ def test_low_precision_forward(name, dtype, index):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        samples = list(op.sample_inputs("cpu", dtype))[index:index + 1]
+        samples = list(sample_inputs(op, "cpu", dtype, index + 1))[index:index + 1]
     ran = 0
     for sample in samples:
         args = (sample.input, sample.args, sample.kwargs)

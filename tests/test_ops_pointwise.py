@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import conftest
 import torchtpu
+from torchtpu.validate.samples import sample_inputs
 from conftest import to_cpu, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
@@ -110,7 +111,7 @@ def test_opinfo(name, dtype, n):
     if dtype not in op.supported_dtypes("cpu"):
         pytest.skip("dtype not supported by PyTorch CPU")
     done = 0
-    for s in op.sample_inputs("cpu", dtype):
+    for s in sample_inputs(op, "cpu", dtype):
         if done >= n:
             break
         try:

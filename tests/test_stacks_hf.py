@@ -33,10 +33,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} </
 
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
-    """Accelerate keeps its state process-wide: each test (and the next test file) starts from none."""
-    yield
+    """Accelerate keeps its state process-wide: each test starts from none, whatever ran before it in this
+    worker (a Trainer in another file leaves an AcceleratorState behind), and leaves none for the next."""
     from accelerate.state import AcceleratorState
 
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
     AcceleratorState._reset_state(reset_partial_state=True)
 
 

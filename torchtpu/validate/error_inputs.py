@@ -23,6 +23,7 @@ import torch
 from .names import opinfo_name
 from . import report_sections
 from .progress import Progress
+from .samples import error_inputs
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
 SECTION = "## Error inputs"
@@ -76,9 +77,9 @@ def run_errors(op, timeout: int = 120) -> ErrorResult:
     torch.manual_seed(0)
     try:
         with _time_limit(timeout):
-            cpu_inputs = list(op.error_inputs("cpu"))
+            cpu_inputs = error_inputs(op, "cpu")
             torch.manual_seed(0)
-            tpu_inputs = list(op.error_inputs("tpu"))
+            tpu_inputs = error_inputs(op, "tpu")
             for i, (cei, tei) in enumerate(zip(cpu_inputs, tpu_inputs)):
                 res.inputs += 1
                 cerr, _ = _outcome(op, cei.sample_input)

@@ -22,7 +22,6 @@ OpInfos (no float32/int64 on CPU) run in complex64.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -41,6 +40,7 @@ from . import report_sections
 from .names import opinfo_name
 from .opinfo_causes import CAUSES
 from .progress import Progress
+from .samples import sample_inputs
 from .timeout import Timeout as _Timeout, time_limit as _time_limit
 
 MODES = ("strict", "defer_and_fuse", "compile")
@@ -231,13 +231,11 @@ def _samples(op, dtype, want_grad, max_samples):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return [("tpu", s) for s in itertools.islice(op.sample_inputs("tpu", dtype, requires_grad=want_grad),
-                                                         max_samples)]
+            return [("tpu", s) for s in sample_inputs(op, "tpu", dtype, max_samples, requires_grad=want_grad)]
     except Exception:
         pass
     try:
-        return [("cpu", s) for s in itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=want_grad),
-                                                     max_samples)]
+        return [("cpu", s) for s in sample_inputs(op, "cpu", dtype, max_samples, requires_grad=want_grad)]
     except Exception as e:  # the sample generator itself failed on CPU
         return f"sample generation failed: {type(e).__name__}: {e}"
 
