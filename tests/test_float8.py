@@ -253,6 +253,48 @@ def test_value_ops(dt, mode):
     assert a.to("tpu")[1].item() == a[1].item()
 
 
+def _refused_ops():
+    """Ops CPU PyTorch refuses on (most) float8 dtypes ("... not implemented for 'Float8_e4m3fn'"):
+    tpu must raise too, never compute (XLA would)."""
+    return {
+        "add": lambda a: a + a, "sub_": lambda a: a.clone().sub_(a), "add_out": lambda a: torch.add(a, a, out=a.clone()),
+        "neg": lambda a: -a, "exp": lambda a: a.exp(), "sign": lambda a: a.sign(), "lt": lambda a: a < a,
+        "maximum": lambda a: torch.maximum(a, a), "clamp": lambda a: a.clamp(0, 1), "relu": torch.relu,
+        "sum": lambda a: a.sum(), "mean": lambda a: a.mean(), "max": lambda a: a.max(), "argmax": lambda a: a.argmax(),
+        "sort": lambda a: a.sort(), "flip": lambda a: a.flip(0), "isinf": lambda a: a.isinf(),
+        "masked_fill": lambda a: a.masked_fill(torch.ones(a.shape, dtype=torch.bool, device=a.device), 0.0),
+        "gather": lambda a: a.gather(0, torch.tensor([1], device=a.device)), "nonzero": lambda a: a.nonzero(),
+        "equal": lambda a: torch.equal(a, a),
+        "arange": lambda a: torch.arange(3, dtype=a.dtype, device=a.device),
+        "randn": lambda a: torch.randn(2, dtype=a.dtype, device=a.device),
+    }
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("dt", F8, ids=str)
+def test_ops_cpu_refuses_raise_on_tpu(dt, mode):
+    a = torch.tensor([1.0, 2.0, 4.0]).to(dt)
+    refused = 0
+    for name, fn in _refused_ops().items():
+        try:
+            want = fn(a)
+        except NotImplementedError as cpu:
+            refused += 1
+            with pytest.raises(type(cpu), match="not implemented for"):
+                run(mode, fn, a)
+            continue
+        got = run(mode, fn, a)  # CPU runs it for this dtype (e5m2 has a few more): so must tpu
+        if isinstance(want, torch.Tensor):
+            assert_bits(got, want)
+        else:
+            assert got == want, name
+    assert refused >= 15
+    # what CPU runs still runs, with CPU's values
+    for name, fn in {"mul": lambda a: a * a, "eq": lambda a: a == a, "cat": lambda a: torch.cat([a, a]),
+                     "isnan": lambda a: a.isnan(), "where": lambda a: torch.where(a.float() > 1, a, a)}.items():
+        assert_bits(run(mode, fn, a), fn(a))
+
+
 # ---- _scaled_mm, _int_mm, _weight_int8pack_mm -----------------------------------------------
 
 M, K, N = 16, 48, 24

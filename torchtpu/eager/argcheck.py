@@ -43,6 +43,17 @@ SKIP = {"narrow_copy.default",
         # checked by their kernels (eager/composites/indexing.py), which warn for uint8 masks as CPU
         # does once per call; the meta kernel's own warning would reach the user on top of it
         "index.Tensor", "index_put.default", "index_put_.default", "_index_put_impl_.default"}
+# CPU implements few ops for the float8 and float4 dtypes (mul, mm, abs, eq, copies: not add,
+# sum, max, sort, ...), and says so in its kernels' dtype dispatch, which meta kernels do not
+# make. So a call with such a tensor (or dtype=) asks CPU once per signature, as PyTorch on CPU
+# decides, rather than compute what CPU refuses. The ops here CPU accepts for every one of
+# them, and they move big tensors (weights, caches): asking would copy those to the host.
+NARROW_FLOATS = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                           torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2})
+_NARROW_ACCEPTED = {"_to_copy.default", "copy_.default", "clone.default", "_scaled_mm.default",
+                    "_scaled_mm.out", "cat.default", "stack.default", "empty.memory_format",
+                    "empty_strided.default", "full.default", "fill_.Scalar", "zero_.default",
+                    "view.dtype", "_unsafe_view.default", "slice.Tensor", "select.int"}
 _passed: set = _caches.register("argument checks passed", set())  # at most _MAX_PASSED
 _MAX_PASSED = 100_000
 
@@ -52,7 +63,7 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
     if op.__name__ in SKIP:
         return
     # meta kernels do not make every overlap check CPU kernels make: overlapping calls ask CPU
-    overlaps = ask_cpu or _overlaps(op, args, kwargs)
+    overlaps = ask_cpu or _overlaps(op, args, kwargs) or _narrow_float(op, args, kwargs)
     meta_err = None
     try:
         margs, mkwargs = _convert(args, kwargs, _meta_of)
@@ -129,6 +140,16 @@ def odd_out_dtype(args, kwargs, outs) -> bool:
     a safe cast for add, always int64 for nonzero) differ by op, so CPU is asked."""
     dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
     return any(isinstance(kwargs.get(n), torch.Tensor) and kwargs[n].dtype not in dts for n in outs)
+
+
+def _narrow_float(op, args, kwargs) -> bool:
+    """A float8/float4 tensor or dtype= in a call CPU may refuse (see NARROW_FLOATS)."""
+    if op.__name__ in _NARROW_ACCEPTED:
+        return False
+    if kwargs.get("dtype") in NARROW_FLOATS:
+        return True
+    return any(isinstance(t, torch.Tensor) and t.dtype in NARROW_FLOATS
+               for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
 def _overlaps(op, args, kwargs) -> bool:
