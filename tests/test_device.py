@@ -98,6 +98,20 @@ _lib.define("double_it(Tensor x) -> Tensor")
 _lib.impl("double_it", lambda x: x * 2, "CPU")
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.ones(3, device=d), lambda d: torch.zeros(2, 2, device=d), lambda d: torch.full((2,), 1.0, device=d),
+    lambda d: torch.arange(3, device=d), lambda d: torch.eye(2, device=d), lambda d: torch.linspace(0, 1, 3, device=d),
+    lambda d: torch.empty(2, device=d), lambda d: torch.randn(2, device=d), lambda d: torch.ones(2).to(d),
+    lambda d: torch.ones(2, device="tpu").new_full((2,), 1.0, device=d),
+], ids=["ones", "zeros", "full", "arange", "eye", "linspace", "empty", "randn", "to", "new_full"])
+def test_a_device_index_this_process_lacks_is_refused(make):
+    """As CUDA refuses an ordinal it lacks; a factory used to return a tensor on tpu:0 instead."""
+    for d in ("tpu:3", torch.device("tpu", 1)):
+        with pytest.raises(RuntimeError, match="invalid device|tpu:0"):
+            make(d)
+    assert make("tpu:0").device == torch.device("tpu", 0)
+
+
 def test_no_lowering_raises_when_fallback_disabled(no_fallback):
     x = torch.ones(3, device="tpu")
     with pytest.raises(NotImplementedError, match=r"torchtpu_test::double_it\.default"):

@@ -19,6 +19,7 @@ from ..runtime.jaxenv import to_jax_dtype
 from . import argcheck, composites, dynamism, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
 from .memory_format import dense_strides
+from .op_args import check_device as _check_device
 
 _lib = torch.library.Library("aten", "IMPL")
 _fallback_lib = torch.library.Library("_", "IMPL")
@@ -179,14 +180,6 @@ def register_kernels() -> None:
 
 
 # --- runtime kernels -------------------------------------------------------
-
-
-def _check_device(device, op: str) -> None:
-    if device is not None and torch.device(device).index not in (None, 0):
-        raise RuntimeError(
-            f"{op}: invalid device {torch.device(device)}; this process drives one device, tpu:0 "
-            "(use one process per device with torch.distributed)"
-        )
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):

@@ -42,6 +42,16 @@ def _device_error(low: Lowering, other) -> RuntimeError:
         f"devices, tpu:0 and {other}! (when checking arguments for {low.name})")
 
 
+def check_device(device, op: str) -> None:
+    """This process drives tpu:0 only: another index is refused, as CUDA refuses an ordinal it
+    does not have, rather than quietly made tpu:0."""
+    if device is not None and torch.device(device).index not in (None, 0):
+        raise RuntimeError(
+            f"{op}: invalid device {torch.device(device)}; this process drives one device, tpu:0 "
+            "(use one process per device with torch.distributed)"
+        )
+
+
 class Flat(_leaf.Leaves):
     """One call, flattened: its storages and leaves (a nonzero offset is a runtime value
     in `offsets`, passed after the op's scalars), runtime scalars `dyn`, the tensors."""
@@ -90,6 +100,8 @@ class Flat(_leaf.Leaves):
             if v and any(isinstance(x, torch.Tensor) for x in v) or kind in ("tensor_list", "opt_tensor_list"):
                 return (LIST, tuple(self.encode(x, info, low) for x in v))
             return (VALUE, tuple(v), tuple(type(x) for x in v))
+        if isinstance(v, torch.device):  # a factory's device=
+            check_device(v, low.name)
         return (VALUE, v)
 
 
