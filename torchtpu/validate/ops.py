@@ -175,9 +175,11 @@ def _grad_inputs(sample):
 
 
 def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120,
-               mode: str = "strict") -> Result:
+               mode: str = "strict", samples_on: str = "tpu") -> Result:
     """`mode`: how tpu's side runs: "strict" and "defer_and_fuse" as eager modes, "compile" as
-    torch.compile(backend="tpu") of the op (its backward through the compiled backward graph)."""
+    torch.compile(backend="tpu") of the op (its backward through the compiled backward graph).
+    `samples_on`: where the samples are drawn first ("cpu": moved to tpu, which compiles no
+    random-fill program per sample shape; the quick test's choice)."""
     name = opinfo_name(op)
     res = Result(name)
     t0 = time.perf_counter()
@@ -204,7 +206,7 @@ def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120,
                     continue
                 want_grad = backward and op.supports_autograd and (dtype.is_floating_point or dtype.is_complex) and \
                     dtype in op.supported_backward_dtypes("cpu")
-                samples = _samples(op, dtype, want_grad, max_samples)
+                samples = _samples(op, dtype, want_grad, max_samples, samples_on)
                 if isinstance(samples, str):
                     res.detail = samples
                     continue
@@ -224,16 +226,17 @@ def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120,
     return res
 
 
-def _samples(op, dtype, want_grad, max_samples):
+def _samples(op, dtype, want_grad, max_samples, first="tpu"):
     """Samples made on tpu, as PyTorch's device-generic tests make them on the device under
     test (a sample keeps on CPU what the op wants there, e.g. tensor_split's indices);
-    samples made on CPU and moved when the generator itself cannot run on tpu."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return [("tpu", s) for s in sample_inputs(op, "tpu", dtype, max_samples, requires_grad=want_grad)]
-    except Exception:
-        pass
+    samples made on CPU and moved when the generator itself cannot run on tpu, or when asked."""
+    if first == "tpu":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return [("tpu", s) for s in sample_inputs(op, "tpu", dtype, max_samples, requires_grad=want_grad)]
+        except Exception:
+            pass
     try:
         return [("cpu", s) for s in sample_inputs(op, "cpu", dtype, max_samples, requires_grad=want_grad)]
     except Exception as e:  # the sample generator itself failed on CPU
