@@ -170,26 +170,42 @@ def _slow_product(n=900):
     return a, d
 
 
+def _issued_in_flight(issue, attempts=5):
+    """(a, d, want, result of issue(y)) for the first attempt at which the copy `issue(y)` of a
+    slow product y returned while the device was still busy. One attempt can race on a loaded
+    machine (the device finishes between our readiness check and the query), so a few are made;
+    a copy that blocks is never seen in flight and fails every one. Skips when the device was
+    always done before the copy could be issued."""
+    from torchtpu.eager import deferred
+    from torchtpu.runtime import storage
+
+    raced = 0
+    for _ in range(attempts):
+        a, d = _slow_product()
+        y = d @ d @ d @ d
+        deferred.flush("test")
+        if storage.lookup(y).buf.is_ready():
+            continue
+        out = issue(y)
+        if not torch.tpu.current_stream().query():
+            return a, d, a @ a @ a @ a, out
+        raced += 1
+        torch.tpu.synchronize()
+    if not raced:
+        pytest.skip("the device finished before the copy was issued")
+    raise AssertionError(f"the copy was never seen in flight in {raced} tries: it waited for the device")
+
+
 @pytest.mark.parametrize("sync", ["synchronize", "host_read"])
 def test_non_blocking_copy_returns_before_the_value_lands(mode, sync, tmp_path):
     """As on CUDA, the call returns once the copy is queued, not when the device is done;
     the value is there after a synchronization."""
-    from torchtpu.eager import deferred
-    from torchtpu.runtime import storage
-
-    a, d = _slow_product()
-    y = d @ d @ d @ d
-    deferred.flush("test")
-    if storage.lookup(y).buf.is_ready():
-        pytest.skip("the device finished before the copy was issued")
-    out = y.to("cpu", non_blocking=True)
-    in_flight = not torch.tpu.current_stream().query()
+    a, d, want, out = _issued_in_flight(lambda y: y.to("cpu", non_blocking=True))
     assert out.is_pinned()
     _synchronize(sync, d, tmp_path)
-    assert in_flight  # a blocking copy would have waited for the four matmuls
     from torchtpu.runtime import inflight
     assert torch.tpu.current_stream().query(), [(type(b), getattr(b, "shape", None)) for b in inflight.pending()]
-    torch.testing.assert_close(out, a @ a @ a @ a, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("read", ["synchronize", "to_device", "copy_to_device"])
@@ -197,18 +213,12 @@ def test_non_blocking_copy_into_pinned_returns_before_the_value_lands(mode, read
     """`pinned.copy_(tpu_tensor, non_blocking=True)` is queued, as CUDA's; the value is there
     after a synchronization, and a host->device copy of the destination issued before any
     synchronization reads the landed value (on CUDA's one stream it queues behind the copy)."""
-    from torchtpu.eager import deferred
-    from torchtpu.runtime import storage
+    def issue(y):
+        dst = torch.empty(y.shape).pin_memory()
+        assert dst.copy_(y, non_blocking=True) is dst
+        return dst
 
-    a, d = _slow_product()
-    want = a @ a @ a @ a
-    y = d @ d @ d @ d
-    deferred.flush("test")
-    if storage.lookup(y).buf.is_ready():
-        pytest.skip("the device finished before the copy was issued")
-    dst = torch.empty(a.shape).pin_memory()
-    assert dst.copy_(y, non_blocking=True) is dst
-    in_flight = not torch.tpu.current_stream().query()
+    a, d, want, dst = _issued_in_flight(issue)
     if read == "synchronize":
         torch.tpu.synchronize()
         got = dst
@@ -218,7 +228,6 @@ def test_non_blocking_copy_into_pinned_returns_before_the_value_lands(mode, read
         got = torch.empty(a.shape, device="tpu")
         got.copy_(dst, non_blocking=True)
         got = got.cpu()
-    assert in_flight  # a blocking copy would have waited for the four matmuls
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.tpu.synchronize()
     torch.testing.assert_close(dst, want, rtol=1e-4, atol=1e-5)
