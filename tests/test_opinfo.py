@@ -75,8 +75,8 @@ def test_opinfo_fast(name):
     op = _OPS[name]
     dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.int64
     want = EXPECTED.get(name, ("error", "error"))[0]
-    # samples drawn on CPU and moved: no random-fill program to compile per sample shape (drawn
-    # on tpu, this test took four times as long). The expected states were measured the sweep's
+    # samples drawn on CPU and moved: no random-fill program to compile per sample shape (most of
+    # this test's time when drawn on tpu). The expected states were measured the sweep's
     # way, on tpu-drawn samples (a few ops want a sample tensor left on CPU: tensor_split's
     # indices), so a worse state is judged again that way.
     r = v.run_opinfo(op, [dtype], 1, backward=False, timeout=600, samples_on="cpu")

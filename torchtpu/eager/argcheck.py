@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..runtime import cache as _caches
+from ..runtime.jaxenv import NARROW_FLOATS
 
 # Errors that say "the meta kernel cannot decide", never "the arguments are wrong".
 _UNDECIDABLE = (
@@ -48,8 +49,6 @@ SKIP = {"narrow_copy.default",
 # make. So a call with such a tensor (or dtype=) asks CPU once per signature, as PyTorch on CPU
 # decides, rather than compute what CPU refuses. The ops here CPU accepts for every one of
 # them, and they move big tensors (weights, caches): asking would copy those to the host.
-NARROW_FLOATS = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
-                           torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2})
 _NARROW_ACCEPTED = {"_to_copy.default", "copy_.default", "clone.default", "_scaled_mm.default",
                     "_scaled_mm.out", "cat.default", "stack.default", "empty.memory_format",
                     "empty_strided.default", "full.default", "fill_.Scalar", "zero_.default",

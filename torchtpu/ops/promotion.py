@@ -10,10 +10,8 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
+from ..runtime.jaxenv import FLOAT8 as _FLOAT8, to_jax_dtype, to_torch_dtype
 
-_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-           torch.float8_e8m0fnu)
 _SCALAR_PROXY = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
 

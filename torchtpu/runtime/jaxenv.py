@@ -50,9 +50,12 @@ JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items
 
 # numpy has no bfloat16 or float8 that torch reads: host transfers reinterpret bits through a
 # same-size int.
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu)
+# the one-byte float storage types: float8 and packed float4
+NARROW_FLOATS = frozenset(FLOAT8 + (torch.float4_e2m1fn_x2,))
 _BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
-for _t in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-           torch.float8_e8m0fnu, torch.float4_e2m1fn_x2):
+for _t in NARROW_FLOATS:
     _BITCAST_VIA[_t] = (torch.uint8, TORCH_TO_JAX[_t])
 _NUMPY_VIA = {np.dtype(v[1]): (v[0], k) for k, v in _BITCAST_VIA.items()}
 
