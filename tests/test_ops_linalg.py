@@ -436,10 +436,20 @@ def test_lstsq(no_fallback):
         check(torch.linalg.lstsq, r(5, 3), r(5, 2), driver=driver)
         check(torch.linalg.lstsq, r(2, 3, 4), r(2, 3, 2), driver=driver)
         check(torch.linalg.lstsq, r(5, 3), r(5), driver=driver)
-    deficient = r(5, 3)
-    deficient[:, 2] = deficient[:, 1]
-    for driver in ("gelsy", "gelsd"):  # rank-deficient: minimum-norm solution, no residuals
-        check(torch.linalg.lstsq, deficient, r(5, 2), driver=driver, atol=1e-4, rtol=1e-4)
+    # Rank-deficient: minimum-norm solution, no residuals. The rank CPU's LAPACK finds with
+    # column-pivoted QR (gelsy) hangs on rounding near the default rcond (eps * max(m, n)): a
+    # duplicated column, singular value ~1e-7, was rank 2 here and rank 1 on the CI machine, and
+    # an exactly zero column is rank 1 (of 2) for most seeds. So gelsy and gelsd get the
+    # duplicated column under rcond=1e-3, far from both; the SVD drivers also an exactly zero
+    # column under the default rcond (its singular value is exactly 0).
+    duplicated = r(5, 3)
+    duplicated[:, 2] = duplicated[:, 1]
+    zero_column = r(5, 3)
+    zero_column[:, 1] = 0
+    for driver in ("gelsy", "gelsd"):
+        check(torch.linalg.lstsq, duplicated, r(5, 2), rcond=1e-3, driver=driver, atol=1e-4, rtol=1e-4)
+    for driver in ("gelsd", "gelss"):
+        check(torch.linalg.lstsq, zero_column, r(5, 2), driver=driver, atol=1e-4, rtol=1e-4)
     check_grad(lambda a, b: torch.linalg.lstsq(a, b).solution, r(5, 3, grad=True), r(5, 2, grad=True))
 
 
