@@ -112,6 +112,18 @@ def test_a_device_index_this_process_lacks_is_refused(make):
     assert make("tpu:0").device == torch.device("tpu", 0)
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.ones(3, device=d), lambda d: torch.ones(2).to(d), lambda d: torch.arange(3, device=d),
+], ids=["ones", "to", "arange"])
+def test_a_device_index_this_process_lacks_is_refused_compiled(make):
+    """The same in a compiled graph, where the factory used to run on tpu:0; the error names the op
+    and the user's line."""
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"invalid device tpu:3(.|\n)*test_device.py"):
+        torch.compile(lambda: make("tpu:3"), backend="tpu")()
+    assert torch.compile(lambda: make("tpu:0"), backend="tpu")().device == torch.device("tpu", 0)
+
+
 def test_no_lowering_raises_when_fallback_disabled(no_fallback):
     x = torch.ones(3, device="tpu")
     with pytest.raises(NotImplementedError, match=r"torchtpu_test::double_it\.default"):

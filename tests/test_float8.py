@@ -270,7 +270,7 @@ def _refused_ops():
     }
 
 
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
 @pytest.mark.parametrize("dt", F8, ids=str)
 def test_ops_cpu_refuses_raise_on_tpu(dt, mode):
     a = torch.tensor([1.0, 2.0, 4.0]).to(dt)

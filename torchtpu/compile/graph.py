@@ -28,6 +28,7 @@ from jax._src.lax.lax import _convert_element_type
 
 from .. import config
 from ..metrics import fallback as count_fallback
+from ..eager import argcheck, op_args
 from ..eager import fallback as eager_fallback
 from ..ops import checks as _checks
 from ..ops import registry
@@ -154,6 +155,8 @@ class Program:
         self.hops = {n: control_flow.Node(gm, n, Program) for n in self.nodes
                      if n.op == "call_function" and control_flow.handles(n.target)}
         self.n_random += sum(h.random for h in self.hops.values())
+        # what CPU PyTorch would refuse when the graph runs, raised when it runs (as eager does)
+        self.refusal = next(filter(None, (_refusal(n) for n in self.nodes)), None)
         for n in self.nodes:
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
                 if n.target in collectives.LOWERINGS:
@@ -270,6 +273,32 @@ class Program:
             # an in-place-only overload (normal_, random_) left in a functional graph: its value
             return registry.apply(low, _scalars_in(low, args), _scalars_in_kw(low, kwargs), key)
         return _cpu_callback(node, target, args, kwargs)
+
+
+def _refusal(node) -> tuple | None:
+    """(exception class, message) for a node eager tpu refuses as CPU PyTorch does: a device
+    index this process lacks (a factory on tpu:3 must not quietly make tpu:0), a float8/float4
+    call CPU's kernels do not implement. None for every other node."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    name = overload_name(node.target)
+    val = node.meta.get("val")
+    try:
+        for t in torch.utils._pytree.tree_leaves((val, node.kwargs.get("device"))):
+            if isinstance(t, torch.Tensor):
+                t = t.device
+            if isinstance(t, torch.device) and t.type == "tpu":
+                op_args.check_device(t, f"aten::{name}")
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        err = argcheck.narrow_float_refusal(node.target, args, kwargs)
+        if err is not None:
+            raise err
+    except Exception as err:  # noqa: BLE001  (its class and message, raised at each call)
+        where = node.meta.get("stack_trace") or ""
+        frames = [ln.strip() for ln in where.splitlines() if ln.strip().startswith("File ")]
+        at = f"\n  (in the compiled graph, from {frames[-1]})" if frames else ""
+        return type(err), f"{err}{at}"
+    return None
 
 
 def _user_line(node) -> str | None:

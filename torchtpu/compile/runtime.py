@@ -239,6 +239,9 @@ class CompiledGraph:
         return tuple(out)
 
     def __call__(self, args):
+        refusal = self.program.refusal
+        if refusal is not None:
+            raise refusal[0](refusal[1])
         args = list(args)
         if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
             return self._deferred(args)

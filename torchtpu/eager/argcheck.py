@@ -151,6 +151,52 @@ def _narrow_float(op, args, kwargs) -> bool:
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
+_narrow_verdicts = _caches.register("float8/float4 verdicts of traced calls", _caches.LRU(4096))
+
+
+def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
+    """For a traced call (fake or meta tensors, as a compiled graph holds them): CPU's
+    NotImplementedError when its kernels implement `op` for none of the float8/float4 dtypes
+    the call uses, else None. CPU runs the call on zeros of the tensors' shapes and dtypes,
+    so only its dtype verdict counts; one verdict per op, shapes and dtypes."""
+    if not _narrow_float(op, args, kwargs):
+        return None
+
+    def size(s):
+        hint = getattr(getattr(s, "node", None), "hint", s)  # a SymInt's example value
+        return int(hint) if hint is not None else 1
+
+    def conv(a):
+        if isinstance(a, torch.Tensor):
+            return torch.zeros([size(d) for d in a.shape], dtype=a.dtype)
+        if isinstance(a, torch.device) or (isinstance(a, str) and a.split(":")[0] == "tpu"):
+            return torch.device("cpu")
+        if isinstance(a, torch.SymInt):
+            return size(a)
+        return a
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # a compiler runs under aot_autograd's fake mode: real zeros
+        return _narrow_verdict(op, tree_map(conv, (args, kwargs)), args, kwargs)
+
+
+def _narrow_verdict(op, cpu_call, args, kwargs) -> BaseException | None:
+    cargs, ckwargs = cpu_call
+    key = (op, repr(tree_map(lambda a: (a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a,
+                             (cargs, ckwargs))))
+    found = _narrow_verdicts.get(key, False)
+    if found is False:
+        err = _run_cpu(op, cargs, ckwargs)
+        found = _narrow_verdicts[key] = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
+    if found is None:
+        return None
+    name = str(op).removeprefix("aten.")
+    err = found[0](f"{found[1]}\n  (torchtpu: {_describe(name, args, kwargs)} rejected as CPU PyTorch "
+                   "rejects it)")
+    return err
+
+
 def _overlaps(op, args, kwargs) -> bool:
     """A tensor the op writes overlaps another argument (other than exactly, for an in-place
     op's self) or itself (a stride-0 dim): the cases CPU kernels reject as "unsupported
