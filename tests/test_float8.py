@@ -208,6 +208,20 @@ def test_byte_ops(dt, mode):
         assert_bits(got, fn(a, b))
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
+def test_float4_indexing_refused_as_cpu_refuses(mode):
+    """CPU's index kernels have no float4 case; tpu's indexing kernels gather any bytes, so they
+    must ask (they computed a result)."""
+    a = torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    for fn in (lambda a: a[torch.tensor([0, 3], device=a.device)],
+               lambda a: a[torch.arange(8, device=a.device) % 2 == 0],
+               lambda a: a.clone().index_put_((torch.tensor([1], device=a.device),), a[:1])):
+        with pytest.raises(NotImplementedError, match="not implemented for 'Float4_e2m1fn_x2'"):
+            fn(a)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Float4_e2m1fn_x2'"):
+            run(mode, fn, a)
+
+
 def _value_ops(dt):
     ops = {
         "mul": lambda a, b: a * b,

@@ -155,7 +155,7 @@ _narrow_verdicts = _caches.register("float8/float4 verdicts of traced calls", _c
 
 
 def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
-    """For a traced call (fake or meta tensors, as a compiled graph holds them): CPU's
+    """For a call (its tensors on any device, fake or meta as a compiled graph holds them): CPU's
     NotImplementedError when its kernels implement `op` for none of the float8/float4 dtypes
     the call uses, else None. CPU runs the call on zeros of the tensors' shapes and dtypes,
     so only its dtype verdict counts; one verdict per op, shapes and dtypes."""

@@ -10,6 +10,8 @@ import torch
 
 from ...ops.indexing import INDEX, INDEX_PUT
 from ...ops.registry import kernel
+from ...runtime.jaxenv import NARROW_FLOATS
+from ..argcheck import narrow_float_refusal
 from ..executor import execute
 
 _MASKS = (torch.bool, torch.uint8)
@@ -49,6 +51,14 @@ def _to_self(self, indices):
     return [a.to(self.device) if a is not None and a.device != self.device else a for a in indices]
 
 
+def _refuse_narrow(op, self, indices, values=None) -> None:
+    """CPU indexes no float4 tensor (its index kernels dispatch on dtype): nor may tpu."""
+    if self.dtype in NARROW_FLOATS or (values is not None and values.dtype in NARROW_FLOATS):
+        err = narrow_float_refusal(op, (self, indices) if values is None else (self, indices, values), {})
+        if err is not None:
+            raise err
+
+
 def _check_indices(self, indices):
     n = sum(a.dim() if a is not None and a.dtype in _MASKS else 1 for a in indices)
     if n > self.dim():
@@ -63,6 +73,7 @@ def _check_indices(self, indices):
 
 @kernel("index.Tensor")
 def index(self, indices):
+    _refuse_narrow(torch.ops.aten.index.Tensor, self, indices)
     indices = _to_self(self, list(indices))
     _check_indices(self, indices)
     if any(a is not None and a.dtype in _MASKS for a in indices):
@@ -85,6 +96,7 @@ def index_out(self, indices, *, out):
 
 @kernel("_index_put_impl_")
 def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    _refuse_narrow(torch.ops.aten.index_put.default, self, indices, values)
     indices = _to_self(self, list(indices))
     _check_indices(self, indices)
     masks = [a for a in indices if a is not None and a.dtype in _MASKS]
