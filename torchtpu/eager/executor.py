@@ -20,7 +20,7 @@ from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, leaf, pending, precision, program_timing, rng, tensors
-from . import argcheck, deferred, growth, memory_format, modes, scalars
+from . import argcheck, deferred, extents, growth, memory_format, modes, scalars
 from .op_args import flatten
 from .op_cache import admit, cache_size, clear_cache, clock, drop
 from .op_cache import cache as _cache  # noqa: F401  (tests read the cache here)
@@ -61,14 +61,19 @@ def _execute(low: Lowering, args, kwargs):
     if low.random:  # a generator= is state, not part of the program: its seed/offset are inputs
         args, kwargs, gen = rng.split_generator(args, kwargs)
     flat, pos, kw = flatten(low, args, kwargs)
+    # a view whose extent varies: its program runs over a bucket, the true sizes ride last
+    bucketed = extents.plan(low, flat, pos, kw) if low.mode == "inplace" else None
     if flat.offsets:
         flat.dyn += flat.offsets
+    if bucketed is not None:
+        flat.leaves, bucketed, sizes = bucketed
+        flat.dyn += sizes
     entries = flat.entries
     store_specs = flat.specs()
     inited = tuple([e.buf is not None for e in entries])
     # the default dtype decides result dtypes (uint8 + 5.5, int / int, 1j * x): part of the key
     key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0],
-           torch.get_default_dtype())
+           torch.get_default_dtype(), bucketed)
     compiled = _cache.get(key)
     if compiled is None:
         if low.own_schema:
@@ -76,7 +81,7 @@ def _execute(low: Lowering, args, kwargs):
         compiled = Compiled()
         compiled.key = key
         compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,
-                                 memory_format.result_strides(low, args, kwargs))
+                                 memory_format.result_strides(low, args, kwargs), bucketed)
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
         admit(key, compiled)
     compiled.used = next(clock)

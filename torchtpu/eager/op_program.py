@@ -24,7 +24,7 @@ from ..runtime import cache as _caches
 from ..runtime import donation, rng
 from ..runtime import leaf as _leaf
 from ..runtime.jaxenv import to_torch_dtype
-from . import memory_format, scalars
+from . import extents, memory_format, scalars
 from .op_args import TENSOR, decode, target_specs
 
 
@@ -72,12 +72,14 @@ def _pretty(dt: torch.dtype) -> str:
             torch.int16: "Short", torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
-def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled, layouts=None):
+def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled, layouts=None, bucketed=None):
     """The op's traceable program over (storage buffers, runtime scalars, rng data).
     `layouts`: per output, (shape, strides) CPU lays it out in where not contiguous
-    (eager/memory_format.py); such an output leaves in that physical order."""
+    (eager/memory_format.py); such an output leaves in that physical order. `bucketed`: an
+    in-place op over bucket windows (eager/extents.py), the true sizes riding last."""
     mode = low.mode
     nruntime = sum(1 for lf in leaves if lf.offset is None)
+    nsizes = bucketed[3] if bucketed is not None else 0
     # a weak reference: the executable (compiled.fn) holds this closure, and a cycle would
     # keep an evicted executable's compiled code alive until a full garbage collection
     ref = weakref.ref(compiled)
@@ -88,18 +90,28 @@ def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled, layou
         for i, (numel, bdt) in enumerate(store_specs):
             if bufs[i] is None:
                 bufs[i] = jnp.zeros((numel,), bdt)
+        if nsizes:  # a bucketed call's true sizes ride last
+            scalars, sizes = scalars[:len(scalars) - nsizes], scalars[len(scalars) - nsizes:]
         if nruntime:  # runtime offsets ride after the op's own scalars
             scalars, ofs = scalars[:len(scalars) - nruntime], iter(scalars[len(scalars) - nruntime:])
             offsets = [lf.offset if lf.offset is not None else next(ofs) for lf in leaves]
         else:
             offsets = [lf.offset for lf in leaves]
-        vals = [_leaf.read(bufs, lf, off) for lf, off in zip(leaves, offsets)]
+        kept = None
+        if nsizes:
+            ti, pads, fits, _ = bucketed
+            got = [extents.read(bufs, lf, off, p, f, sizes)
+                   for lf, off, p, f in zip(leaves, offsets, pads, fits)]
+            vals = [g[0] for g in got]
+            kept = got[ti][1:]  # the written window as stored, and its true extent
+        else:
+            vals = [_leaf.read(bufs, lf, off) for lf, off in zip(leaves, offsets)]
         it = iter(scalars)
         args = [decode(s, vals, it) for s in pos]
         kwargs = {name: decode(s, vals, it) for name, s in kw}
         result = registry.apply(low, args, kwargs, rng.key(*rngdata) if low.random else None)
         if mode == "inplace":
-            return (), _write_back(low, result, pos, kw, leaves, offsets, bufs)
+            return (), _write_back(low, result, pos, kw, leaves, offsets, bufs, kept)
         if result is None:
             compiled.structure = "none"
             return (), {}
@@ -128,8 +140,10 @@ def _lay_out(compiled, outs, layouts):
     return outs
 
 
-def _write_back(low, result, pos, kw, leaves, offsets, bufs):
-    """Write in-place results into their storages; returns the updated buffers."""
+def _write_back(low, result, pos, kw, leaves, offsets, bufs, kept=None):
+    """Write in-place results into their storages; returns the updated buffers. `kept`: (the
+    written window as stored, its true extent's mask) of a bucketed call: the padding keeps
+    its values."""
     target = low.mutated[0]
     targets, single = target_specs(low, pos, kw)
     results = [result] if single else list(result)
@@ -148,7 +162,10 @@ def _write_back(low, result, pos, kw, leaves, offsets, bufs):
                     f"{low.name}: output with shape {list(shape)} doesn't match the broadcast "
                     f"shape {list(bshape or r.shape)}"
                 )
-        _leaf.write(bufs, lf, _cast_to(r, lf.dtype, low.name, target), offsets[tspec[1]])
+        r = _cast_to(r, lf.dtype, low.name, target)
+        if kept is not None:
+            r = jnp.where(kept[1], jnp.broadcast_to(r, shape), kept[0])
+        _leaf.write(bufs, lf, r, offsets[tspec[1]])
         touched[lf.slot] = True
     return {s: bufs[s] for s in touched}
 

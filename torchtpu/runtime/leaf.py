@@ -117,10 +117,12 @@ class Leaves:
 # ---- inside a trace ---------------------------------------------------------------------------
 
 
-def read(bufs, lf: Leaf, offset=None):
+def read(bufs, lf: Leaf, offset=None, clamped: bool = False):
     """The tensor's value (its shape, dtype and lazy bits applied) out of `bufs`; `offset`
-    replaces the leaf's when it is a runtime value."""
-    x = geometry.read(bufs[lf.slot], lf.shape, lf.stride, lf.offset if offset is None else offset, lf.dtype)
+    replaces the leaf's when it is a runtime value. `clamped`: the leaf may reach past its
+    buffer's end (a bucket's window, eager/extents.py), whose positions read its last element."""
+    read_ = geometry.read_clamped if clamped else geometry.read
+    x = read_(bufs[lf.slot], lf.shape, lf.stride, lf.offset if offset is None else offset, lf.dtype)
     flags = lf.flags
     if flags:
         if "conj" in flags:

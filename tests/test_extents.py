@@ -1,0 +1,128 @@
+"""In-place ops on views whose extent varies (eager/extents.py): one program per bucket of
+sizes, values equal CPU's, in strict and defer_and_fuse."""
+import pytest
+import torch
+from conftest import check
+
+import torchtpu
+from torchtpu.eager import extents
+
+MODES = ["strict", "defer_and_fuse"]
+
+
+def _compiles(fn, *args):
+    """fn(*args) on tpu copies; (programs compiled, calls served in buckets)."""
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    fn(*[a.to("tpu") for a in args])
+    torch.tpu.synchronize()
+    m = torchtpu.metrics()
+    return m.get("compiles", 0), m.get("bucketed_view_ops", 0)
+
+
+def _fill_steps(buf):
+    buf = buf.clone()
+    for q in range(1, 33):
+        buf[:q, :q + 7].fill_(-float(q))
+    return buf
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fill_over_32_extents_compiles_a_handful(mode):
+    """The issue's line: a mask buffer filled over a growing corner each step."""
+    with torchtpu.eager_mode(mode):
+        check(_fill_steps, torch.zeros(64, 96))
+        programs, served = _compiles(_fill_steps, torch.zeros(64, 96))
+    assert served >= 30
+    assert programs <= 6, programs  # the first shape exact, then 4 buckets of (q, q + 7)
+
+
+def _mask_steps(mask, scores, dtype):
+    mask, scores = mask.clone(), scores.clone()  # check() runs CPU first, on the same inputs
+    out = []
+    for q in (3, 5, 9, 17, 20, 30):
+        kv = q + 4
+        m = mask[:, :q, :kv]
+        m.fill_(1)
+        m.triu_(kv - q + 1)  # a causal mask over the cached positions
+        s = scores[:, 1:q + 1, 2:kv + 2]
+        s.masked_fill_(m.bool(), -7)
+        s.mul_(torch.tensor(2, dtype=dtype, device=s.device))
+        s.add_(torch.arange(kv, device=s.device).to(dtype))  # broadcast along the query dim
+        s.tril_(2)
+        out.append(scores.clone())
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.complex64], ids=str)
+def test_masks_built_per_step_equal_cpu(mode, dtype):
+    mask = torch.zeros(2, 40, 48, dtype=torch.int8)
+    scores = (torch.randn(2, 48, 56) * 10).to(dtype)
+    with torchtpu.eager_mode(mode):
+        check(_mask_steps, mask, scores, dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bool_and_overlapping_views(mode):
+    """A bool buffer; a copy between two windows of one storage."""
+    def steps(b, x):
+        b, x = b.clone(), x.clone()
+        for q in (2, 6, 11, 19, 23):
+            b[:q, 1:q + 1].logical_not_()
+            x[24:24 + q, :q].copy_(x[:q, 1:q + 1])
+            x[:q, :q].clamp_(-1, 1)
+        return b, x
+
+    with torchtpu.eager_mode(mode):
+        check(steps, torch.zeros(32, 32, dtype=torch.bool), torch.randn(48, 33))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_moving_offsets_and_rows(mode):
+    """Windows at a runtime offset (a KV slot range), one dim varying."""
+    def steps(cache):
+        cache = cache.clone()
+        for i, n in enumerate((1, 4, 7, 12, 16, 21, 30)):
+            cache[i, n // 2:n // 2 + n].add_(float(i + 1))
+            cache[:, 3:n + 3, 1].zero_()
+        return cache
+
+    with torchtpu.eager_mode(mode):
+        check(steps, torch.randn(8, 64, 4))
+        programs, served = _compiles(steps, torch.randn(8, 64, 4))
+    assert served > 0 and programs <= 8, programs
+
+
+def test_whole_tensors_stay_exact():
+    """Tensors of many shapes written whole (param.zero_()) never run in buckets."""
+    def steps(*ts):
+        ts = [t.clone() for t in ts]
+        for t in ts:
+            t.zero_()
+            t.add_(1.5)
+        return ts
+
+    ts = [torch.randn(n, n + 1) for n in range(3, 12)]
+    check(steps, *ts)
+    _, served = _compiles(steps, *ts)
+    assert served == 0
+
+
+def test_a_window_past_the_storage_stays_exact():
+    """A view near its storage's end, whose bucket window would leave it."""
+    def steps(buf):
+        buf = buf.clone()
+        for q in range(20, 31):
+            buf[-q:].fill_(float(q))
+        return buf
+
+    check(steps, torch.zeros(33))
+    _, served = _compiles(steps, torch.zeros(33))
+    assert served == 0
+
+
+def test_turned_off(monkeypatch):
+    monkeypatch.setattr(extents, "AFTER", 0)
+    programs, served = _compiles(_fill_steps, torch.zeros(64, 96))
+    assert served == 0 and programs >= 32

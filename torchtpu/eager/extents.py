@@ -1,0 +1,140 @@
+"""In-place ops on views whose extent varies: one program per bucket of sizes, not per size.
+
+A preallocated buffer sliced to each step's sizes (`mask[:q, :q + kv].fill_(v)`,
+`triu_` on a growing corner, `copy_` into a slot range) is a new view shape at every
+step, and every view shape compiled a program of its own. An in-place op of the
+pointwise family, or one that reads only positions (triu/tril), computes each element
+from the same element of its operands, so it can run over a larger window of the same
+storage and write back only the true extent. So once one op signature has written views
+of AFTER distinct shapes (config `bucket_views_after`), a dim in which its written view's
+size varies is rounded up to a bucket (powers of two from MIN_BUCKET) and its true size
+becomes a runtime value, as a view's offset already is. Operands with that dim are read
+over the same window (past their storage's end: a clamped gather); broadcast operands
+as they are; the padding reads as zeros and the write keeps the old values there. An
+operand that is a whole tensor of the varying size (a fresh `src` for copy_) keeps the
+call exact: its buffer's size is part of any program's signature.
+
+Only a view whose bucket window lies inside its own storage is written this way, never a
+whole tensor (an optimizer's param.zero_() over parameters of many shapes stays exact).
+Results are the same as exact execution: nothing outside the view is written.
+`metrics()['bucketed_view_ops']` counts the calls served.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..config import startup
+from ..metrics import bump
+from ..ops import dynamism as rules
+from ..runtime import cache as _caches
+from ..runtime import geometry
+from ..runtime import leaf as _leaf
+from .op_args import TENSOR, target_specs
+
+AFTER = startup.bucket_views_after  # 0: never bucket
+MIN_BUCKET = 16
+# ops reading positions, not sizes: padding past the end leaves the true extent's values
+_POSITIONAL = frozenset({"triu", "tril"})
+# op signature (sizes left out) -> [first written shape, distinct shapes (up to AFTER + 1), varying dims]
+_history = _caches.register("in-place view shapes seen", _caches.LRU(_caches.limit("total")))
+
+
+def bucket(n: int) -> int:
+    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+
+
+def _eligible(low) -> bool:
+    functional = low.functional or low
+    return functional.name in _POSITIONAL or isinstance(rules.rule_for(functional.name, low.fn), rules.Pointwise)
+
+
+def plan(low, flat, pos, kw):
+    """(bucketed leaves, spec for op_program.build, true sizes) for an in-place call over a
+    view whose extent varies, else None (the call runs on its exact shapes)."""
+    if not AFTER or not _eligible(low):
+        return None
+    targets, single = target_specs(low, pos, kw)
+    if not single or not targets or targets[0] is None or targets[0][0] != TENSOR:
+        return None
+    ti = targets[0][1]
+    leaves = flat.leaves
+    lt = leaves[ti]
+    entry = flat.entries[lt.slot]
+    shape = lt.shape
+    n = math.prod(shape)
+    if n == 0 or n >= entry.numel or entry.dtype != lt.dtype:
+        return None  # a whole tensor, or a view of another dtype
+    skey = (low.name, pos, kw, tuple([(lf.slot, len(lf.shape), lf.dtype, lf.flags, lf.offset is None)
+                                      for lf in leaves]))
+    seen = _history.get(skey)
+    if seen is None:
+        _history[skey] = [shape, {shape}, set()]
+        return None
+    first, shapes, varying = seen
+    if shape == first:
+        return None  # its exact program exists
+    varying.update(d for d in range(len(shape)) if shape[d] != first[d])
+    if len(shapes) <= AFTER:
+        shapes.add(shape)
+        if len(shapes) <= AFTER:
+            return None
+    dims = sorted(varying)
+    if any(shape[d] <= 1 for d in dims):
+        return None  # a size-1 dim's stride is not in its leaf
+    sizes = [shape[d] for d in dims]
+    offsets = iter(flat.offsets or ())
+    new, pads, fits = [], [], []
+    for i, lf in enumerate(leaves):
+        off = lf.offset if lf.offset is not None else next(offsets)
+        lead = len(shape) - len(lf.shape)
+        mine = []
+        grown = list(lf.shape)
+        for j, d in enumerate(dims):
+            e = d - lead
+            if i != ti and (e < 0 or lf.shape[e] == 1):
+                continue  # broadcast along the varying dim
+            if lf.shape[e] != shape[d] or lf.stride[e] == 0:
+                return None
+            grown[e] = bucket(shape[d])
+            mine.append((e, j))
+        if not mine:
+            new.append(lf)
+            pads.append(())
+            fits.append(True)
+            continue
+        e_ = flat.entries[lf.slot]
+        fit = (e_.dtype == lf.dtype and all(s >= 0 for s in lf.stride)
+               and off + geometry._extent(grown, lf.stride) <= e_.numel)
+        if not fit and (i == ti or math.prod(lf.shape) >= e_.numel):
+            # the window would leave the written storage; or the operand is a whole tensor,
+            # whose storage's size is in the program's signature anyway
+            return None
+        new.append(lf._replace(shape=tuple(grown)))
+        pads.append(tuple(mine))
+        fits.append(fit)
+    bump("bucketed_view_ops")
+    return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes
+
+
+# ---- inside the op's trace ------------------------------------------------------------------
+
+
+def _mask(shape, pads, sizes):
+    m = None
+    for e, j in pads:
+        mj = lax.broadcasted_iota(jnp.int32, shape, e) < sizes[j]
+        m = mj if m is None else m & mj
+    return m
+
+
+def read(bufs, lf, offset, pads, fit, sizes):
+    """(the leaf's window with its padding zeroed, the window as stored, the true extent's
+    mask); the last two None for a leaf with no varying dim."""
+    if not pads:
+        return _leaf.read(bufs, lf, offset), None, None
+    raw = _leaf.read(bufs, lf, offset) if fit else _leaf.read(bufs, lf, offset, clamped=True)
+    m = _mask(lf.shape, pads, sizes)
+    return jnp.where(m, raw, jnp.zeros((), raw.dtype)), raw, m
