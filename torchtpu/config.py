@@ -77,9 +77,9 @@ class Config:
                           "CPU fallback for ops with no lowering; `0`/`false` forbid it (`set_fallback`)")
     fast_compile_after: int = _var("TORCHTPU_FAST_COMPILE_AFTER", "4", _int("4"),
                                    "shapes of one op compiled with XLA's optimizations; later shapes compile at -O0")
-    bucket_views_after: int = _var("TORCHTPU_BUCKET_VIEWS_AFTER", "1", _int("1"),
-                                   "distinct view shapes of one in-place op signature compiled exactly; "
-                                   "later ones run in buckets of sizes (eager/extents.py); `0`: never")
+    varying_after: int = _var("TORCHTPU_VARYING_AFTER", "1", _int("1"),
+                              "distinct sizes of one op signature compiled exactly before a varying dim runs "
+                              "in buckets (views written in place, index lengths: eager/extents.py); `0`: never")
     # executable caches
     max_executables: int = _var("TORCHTPU_MAX_EXECUTABLES", "4096", _int("4096"),
                                 "eager-op executables kept, all ops together (`set_executable_limit`)")

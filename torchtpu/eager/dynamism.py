@@ -33,7 +33,7 @@ from ..runtime import cache as _caches
 from ..runtime import storage, tensors
 from ..runtime.jaxenv import device
 from ..runtime.storage import _table
-from . import deferred, executor, growth, modes
+from . import deferred, executor, extents, growth, modes
 
 MIN_BUCKET = 16
 
@@ -101,17 +101,40 @@ def mark_dynamic(t: torch.Tensor, dim: int, lower: int = 0, upper: int | None = 
     if found is not None and found[0] == d and (upper is None or found[1].bucket <= upper):
         found[1].lower, found[1].upper, found[1].strict = lower, upper, True
         return t
-    b = bucket(n, lower, upper)
+    _rehome(t, d, bucket(n, lower, upper), lower, upper, True)
+    return t
+
+
+def _seen_strides(shape, stride) -> tuple:
+    """A bucket's strides as PyTorch shows them: a size-1 dim's stride is any, so it gets the
+    one CPU's contiguous tensor of the true sizes has (a (1, n, d) result shows (n*d, d, 1),
+    not (bucket*d, d, 1)). Not in 4-d and 5-d tensors, where a size-1 dim's stride tells
+    channels_last from contiguous and is part of a program's key (runtime/leaf.py): there
+    it would make every true size a program of its own."""
+    if len(shape) in (4, 5):
+        return tuple(stride)
+    out = list(stride)
+    acc = 1
+    for j in range(len(shape) - 1, -1, -1):
+        if shape[j] == 1:
+            out[j] = acc
+        acc *= max(shape[j], 1)
+    return tuple(out)
+
+
+def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
+    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
+    to `b` positions, and mark it dynamic there."""
+    n = t.shape[d]
     shape = list(t.shape)
     shape[d] = b
     host = t.detach().cpu()  # padded on the host: a program per true size is what marking avoids
     padded = torch.zeros(shape, dtype=t.dtype)
     padded.narrow(d, 0, n).copy_(host)
     dev = padded.to("tpu")
-    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), dev.stride(), 0)
-    _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper)
+    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
+    _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper, strict)
     executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
-    return t
 
 
 def get_dynamism(t: torch.Tensor) -> dict:
@@ -253,7 +276,7 @@ def _results(res, plan, bouts, info):
         od, n = spec
         shape = list(r.shape)
         shape[od] = n
-        out = tensors.alias(r, shape, r.stride(), 0)
+        out = tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
         _marked[storage.lookup(r)] = Dyn(r.stride(od), n, bouts[min(i, len(bouts) - 1)], info.lower,
                                          info.upper, info.strict)
         done.append(out)
@@ -302,6 +325,62 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
 
 growth.grow_dynamic = _grow
 growth.on_grown = _auto
+
+
+# --- index tensors whose length varies from call to call, with no annotation ---------------
+#
+# A serving loop gathers a different number of rows each step (index_select over the slots
+# of this step's requests, embedding of this step's tokens): each length compiled its own
+# program. Once one op signature has seen more than extents.AFTER index shapes, an index
+# varying in one dim moves into a bucket along it (through the host, as mark_dynamic pads)
+# and becomes dynamic, not strict: the gather runs once per bucket (padding indexes row 0;
+# the result keeps its true size), as do the ops after it that have a rule; an op with none
+# runs on the true sizes, as before.
+
+_INDEX_ARG = {"index_select": 2, "embedding": 1}  # op -> position of its index tensor
+_index_shapes = _caches.register("index shapes seen", _caches.LRU(_caches.limit("total")))
+_MAX_MOVED = 1 << 16  # elements: a bigger index is not worth a trip through the host
+
+
+def vary_index(low: Lowering, args, kwargs) -> None:
+    """Make the index of an index_select/embedding call dynamic when its length keeps
+    changing for one op signature (see above)."""
+    i = _INDEX_ARG[low.name]
+    after = extents.AFTER
+    if not after or len(args) <= i:
+        return
+    idx, src = args[i], args[0]
+    if (not isinstance(idx, torch.Tensor) or idx.device.type != "tpu" or idx.dim() == 0
+            or not isinstance(src, torch.Tensor)):
+        return
+    key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), args[1] if i == 2 else None)
+    shape = tuple(idx.shape)
+    seen = _index_shapes.get(key)
+    if seen is None:
+        _index_shapes[key] = [shape, {shape}]
+        return
+    first, shapes = seen
+    if shape == first or _find(idx) is not None:
+        return
+    if len(shapes) <= after:
+        shapes.add(shape)
+        if len(shapes) <= after:
+            return
+    dims = [d for d in range(len(shape)) if shape[d] != first[d]]
+    if (len(dims) != 1 or shape[dims[0]] <= 1 or idx.numel() > _MAX_MOVED
+            or any(n != 1 for n in shape[:dims[0]]) or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
+        # only where the result stays a contiguous tensor (its varying dim outermost but for
+        # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
+        return
+    entry = _table.get(idx.untyped_storage()._cdata)
+    if (entry is None or not isinstance(entry.buf, jax.Array) or entry.numel != idx.numel()
+            or not idx.is_contiguous() or not _movable(idx)):
+        return  # a view, a value still being computed, a storage others share
+    _rehome(idx, dims[0], bucket(shape[dims[0]]), 0, None, False)
+    bump("dynamic_indices")
+
+
+executor.vary_index = vary_index
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:

@@ -41,9 +41,15 @@ def _flush_for_precision():
 # it plugs itself in rather than be imported here); it serves every call while tensors of a
 # dim marked dynamic exist
 dynamic = None
+# eager/dynamism.py's vary_index, installed the same way: an index of index_select/embedding
+# whose length keeps changing becomes dynamic before the call
+vary_index = None
+_VARYING_INDEX = frozenset({"index_select", "embedding"})
 
 
 def execute(low: Lowering, args, kwargs):
+    if vary_index is not None and low.name in _VARYING_INDEX:
+        vary_index(low, args, kwargs)
     if dynamic is not None:
         return dynamic(low, args, kwargs, _serve, _execute)
     return _serve(low, args, kwargs)

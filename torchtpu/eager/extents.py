@@ -6,7 +6,7 @@ step, and every view shape compiled a program of its own. An in-place op of the
 pointwise family, or one that reads only positions (triu/tril), computes each element
 from the same element of its operands, so it can run over a larger window of the same
 storage and write back only the true extent. So once one op signature has written views
-of AFTER distinct shapes (config `bucket_views_after`), a dim in which its written view's
+of AFTER distinct shapes (config `varying_after`), a dim in which its written view's
 size varies is rounded up to a bucket (powers of two from MIN_BUCKET) and its true size
 becomes a runtime value, as a view's offset already is. Operands with that dim are read
 over the same window (past their storage's end: a clamped gather); broadcast operands
@@ -34,7 +34,7 @@ from ..runtime import geometry
 from ..runtime import leaf as _leaf
 from .op_args import TENSOR, target_specs
 
-AFTER = startup.bucket_views_after  # 0: never bucket
+AFTER = startup.varying_after  # 0: never bucket (views here, index lengths in eager/dynamism.py)
 MIN_BUCKET = 16
 # ops reading positions, not sizes: padding past the end leaves the true extent's values
 _POSITIONAL = frozenset({"triu", "tril"})
