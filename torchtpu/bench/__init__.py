@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "autoload": "torchtpu.bench.autoload:main",
     "generate": "torchtpu.bench.generate:main",
     "control": "torchtpu.bench.control:main",
+    "churn": "torchtpu.bench.churn:main",
 }
 
 

@@ -1,0 +1,149 @@
+"""Sizes that vary from call to call: programs compiled and wall time, next to torch CPU
+eager in the same run, with the varying-size policy (TORCHTPU_VARYING_AFTER,
+eager/extents.py and eager/dynamism.py) off and on.
+
+    python -m torchtpu.bench churn [--only fill,index,train,batching] [--mode strict]
+
+Workloads (each from empty executable caches, run twice: cold, then warm on new sizes of
+the same ranges):
+  fill      a preallocated mask filled over a growing corner, buf[:q, :q + 7].fill_, 32 sizes
+  index     index_select over 32 index lengths
+  train     an embedding-MLP with AdamW, 24 steps of a batch length drawn from 17..512
+  batching  Transformers' continuous batching (generate_batch, paged sdpa, no padding
+            settings) of a tiny Llama: 8 requests x 32 new tokens, then 8 more
+
+Reported per workload and policy: programs compiled cold and warm, seconds cold and warm,
+the warm ratio to torch CPU eager, whether the outputs equal CPU's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+import torchtpu
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _fill(dev, sizes):
+    buf = torch.zeros(64, 96, device=dev)
+    for q in sizes:
+        buf[:q, :q + 7].fill_(-float(q))
+        buf[:q, :q + 7].triu_(1)
+    return [buf]
+
+
+def _index(dev, sizes):
+    g = torch.Generator().manual_seed(sizes[0])
+    w = torch.randn(1000, 64, generator=g).to(dev)
+    return [torch.index_select(w, 0, torch.randint(0, 1000, (q,), generator=g).to(dev)) * 2 for q in sizes]
+
+
+def _train(dev, sizes):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(256, 64), torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 256)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(sizes[0])
+    losses = []
+    for n in sizes:
+        ids = torch.randint(0, 256, (1, n), generator=g).to(dev)
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [torch.stack(losses)]
+
+
+_LLAMA = None
+
+
+def _batching(dev, sizes):
+    global _LLAMA
+    from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if _LLAMA is None:
+        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+        torch.manual_seed(0)
+        _LLAMA = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(sizes[0])
+    prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in sizes]
+    gen = GenerationConfig(max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=2, pad_token_id=0)
+    cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=256)
+    out = _LLAMA.to(dev).generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
+                                        progress_bar=False)
+    return [torch.tensor(out[k].generated_tokens) for k in sorted(out)]
+
+
+def _draw(lo, hi, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [int(x) for x in torch.randint(lo, hi + 1, (k,), generator=g)]
+
+
+WORKLOADS = {
+    "fill": (_fill, list(range(1, 33)), list(range(32, 0, -1))),
+    "index": (_index, list(range(1, 33)), list(range(40, 8, -1))),
+    "train": (_train, _draw(17, 512, 24, 1), _draw(17, 512, 24, 2)),
+    "batching": (_batching, _draw(4, 24, 8, 1), _draw(4, 24, 8, 2)),
+}
+
+
+def _programs() -> int:
+    m = torchtpu.metrics()
+    return m.get("compiles", 0) + m.get("compile_graphs", 0)
+
+
+def _run(fn, dev, sizes):
+    t0 = time.perf_counter()
+    before = _programs()
+    out = [o.cpu() for o in fn(dev, sizes)]
+    return out, time.perf_counter() - t0, _programs() - before
+
+
+def _equal(a, b) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(x.float(), y.float(), atol=1e-5, rtol=1e-5)
+                                    for x, y in zip(a, b))
+
+
+def main(argv=None) -> int:
+    from ..eager import extents
+
+    ap = argparse.ArgumentParser(prog="python -m torchtpu.bench churn")
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--mode", default="strict", choices=["strict", "defer_and_fuse"])
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    after = extents.AFTER or 1
+    rows = []
+    for k, name in enumerate(names):
+        fn, cold_sizes, warm_sizes = WORKLOADS[name]
+        print(f"[{k + 1}/{len(names)}] {name} ...", flush=True)
+        _run(fn, "cpu", cold_sizes)  # CPU's own warm-up (imports, allocator)
+        ref_cold, cpu_cold, _ = _run(fn, "cpu", cold_sizes)
+        ref_warm, cpu_warm, _ = _run(fn, "cpu", warm_sizes)
+        for policy in ("off", "on"):
+            extents.AFTER = 0 if policy == "off" else after
+            torchtpu.clear_caches()
+            with torchtpu.eager_mode(args.mode):
+                got_cold, t_cold, p_cold = _run(fn, "tpu", cold_sizes)
+                got_warm, t_warm, p_warm = _run(fn, "tpu", warm_sizes)
+            rows.append((name, policy, p_cold, p_warm, t_cold, t_warm, cpu_warm,
+                         _equal(got_cold, ref_cold) and _equal(got_warm, ref_warm)))
+    extents.AFTER = after
+    print(f"\nvarying sizes, {args.mode} eager on tpu ({torch.tpu.get_device_name()}) vs torch CPU eager "
+          "(programs compiled; seconds)")
+    head = (f"{'workload':<10}{'policy':>7}{'programs cold':>15}{'warm':>6}{'s cold':>9}{'s warm':>9}"
+            f"{'cpu s':>8}{'warm/cpu':>10}{'equal':>7}")
+    print(head)
+    print("-" * len(head))
+    for name, policy, pc, pw, tc, tw, cw, eq in rows:
+        print(f"{name:<10}{policy:>7}{pc:>15}{pw:>6}{tc:>9.2f}{tw:>9.2f}{cw:>8.2f}{tw / max(cw, 1e-9):>10.1f}"
+              f"{'yes' if eq else 'NO':>7}")
+    return 0 if all(r[-1] for r in rows) else 1
