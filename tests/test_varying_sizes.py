@@ -186,3 +186,25 @@ def test_index_lengths_turned_off(monkeypatch):
     idxs = [torch.randint(0, 100, (q,)) for q in range(1, 17)]
     programs, moved = _compiles(lambda w: _gathers(w, idxs), torch.randn(100, 8), served="dynamic_indices")
     assert moved == 0 and programs > 10
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_index_that_is_a_row_of_a_batch(mode):
+    """A row of a (groups, n) batch of indices (continuous batching's read_index) shares its
+    storage: the op gets a dynamic copy, and the row stays a view of its batch."""
+    batches = [torch.randint(0, 100, (1, n)) for n in (5, 9, 14, 23, 30)]
+
+    def steps(w):
+        outs = []
+        for b in batches:
+            b = b.clone().to(w.device)
+            row = b[0]
+            outs.append(torch.index_select(w, 0, row))
+            b[0, 0] = 7  # a write through the batch still reaches the row
+            outs.append(torch.index_select(w, 0, row)[:1])
+        return outs
+
+    with torchtpu.eager_mode(mode):
+        check(steps, torch.randn(100, 8), check_stride=True)
+        _, moved = _compiles(steps, torch.randn(100, 8), served="dynamic_indices")
+    assert moved > 0

@@ -122,9 +122,8 @@ def _seen_strides(shape, stride) -> tuple:
     return tuple(out)
 
 
-def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
-    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
-    to `b` positions, and mark it dynamic there."""
+def _padded(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> torch.Tensor:
+    """A copy of `t` in a new buffer padded with zeros along `d` to `b` positions, dynamic there."""
     n = t.shape[d]
     shape = list(t.shape)
     shape[d] = b
@@ -132,9 +131,16 @@ def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, stri
     padded = torch.zeros(shape, dtype=t.dtype)
     padded.narrow(d, 0, n).copy_(host)
     dev = padded.to("tpu")
-    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
     _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper, strict)
     executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
+    return tensors.alias(dev, tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
+
+
+def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
+    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
+    to `b` positions, and mark it dynamic there."""
+    p = _padded(t, d, b, lower, upper, strict)
+    tensors.set_geometry(t, p.untyped_storage(), tuple(t.shape), p.stride(), 0)
 
 
 def get_dynamism(t: torch.Tensor) -> dict:
@@ -342,42 +348,48 @@ _index_shapes = _caches.register("index shapes seen", _caches.LRU(_caches.limit(
 _MAX_MOVED = 1 << 16  # elements: a bigger index is not worth a trip through the host
 
 
-def vary_index(low: Lowering, args, kwargs) -> None:
-    """Make the index of an index_select/embedding call dynamic when its length keeps
-    changing for one op signature (see above)."""
+def vary_index(low: Lowering, args, kwargs):
+    """The arguments of an index_select/embedding call, its index made dynamic when its
+    length keeps changing for one op signature (see above): moved in place when nothing else
+    shares its storage, else replaced by a dynamic copy (a row of a batch of indices)."""
     i = _INDEX_ARG[low.name]
     after = extents.AFTER
     if not after or len(args) <= i:
-        return
+        return args
     idx, src = args[i], args[0]
     if (not isinstance(idx, torch.Tensor) or idx.device.type != "tpu" or idx.dim() == 0
             or not isinstance(src, torch.Tensor)):
-        return
+        return args
     key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), args[1] if i == 2 else None)
     shape = tuple(idx.shape)
     seen = _index_shapes.get(key)
     if seen is None:
         _index_shapes[key] = [shape, {shape}]
-        return
+        return args
     first, shapes = seen
     if shape == first or _find(idx) is not None:
-        return
+        return args
     if len(shapes) <= after:
         shapes.add(shape)
         if len(shapes) <= after:
-            return
+            return args
     dims = [d for d in range(len(shape)) if shape[d] != first[d]]
     if (len(dims) != 1 or shape[dims[0]] <= 1 or idx.numel() > _MAX_MOVED
             or any(n != 1 for n in shape[:dims[0]]) or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
         # only where the result stays a contiguous tensor (its varying dim outermost but for
         # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
-        return
+        return args
     entry = _table.get(idx.untyped_storage()._cdata)
-    if (entry is None or not isinstance(entry.buf, jax.Array) or entry.numel != idx.numel()
-            or not idx.is_contiguous() or not _movable(idx)):
-        return  # a view, a value still being computed, a storage others share
-    _rehome(idx, dims[0], bucket(shape[dims[0]]), 0, None, False)
+    if entry is None or not isinstance(entry.buf, jax.Array):
+        return args  # a value still being computed: reading it would wait for the device
     bump("dynamic_indices")
+    d, b = dims[0], bucket(shape[dims[0]])
+    if entry.numel == idx.numel() and idx.is_contiguous() and _movable(idx):
+        _rehome(idx, d, b, 0, None, False)
+        return args
+    args = list(args)
+    args[i] = _padded(idx, d, b, 0, None, False)
+    return tuple(args)
 
 
 executor.vary_index = vary_index

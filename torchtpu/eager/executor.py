@@ -49,7 +49,7 @@ _VARYING_INDEX = frozenset({"index_select", "embedding"})
 
 def execute(low: Lowering, args, kwargs):
     if vary_index is not None and low.name in _VARYING_INDEX:
-        vary_index(low, args, kwargs)
+        args = vary_index(low, args, kwargs)
     if dynamic is not None:
         return dynamic(low, args, kwargs, _serve, _execute)
     return _serve(low, args, kwargs)
