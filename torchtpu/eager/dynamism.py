@@ -380,7 +380,7 @@ def vary_index(low: Lowering, args, kwargs):
         # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
         return args
     entry = _table.get(idx.untyped_storage()._cdata)
-    if entry is None or not isinstance(entry.buf, jax.Array):
+    if entry is None or not isinstance(entry.buf, jax.Array) or not entry.buf.is_ready():
         return args  # a value still being computed: reading it would wait for the device
     bump("dynamic_indices")
     d, b = dims[0], bucket(shape[dims[0]])
