@@ -68,7 +68,8 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
-    return JAX_TO_TORCH[jnp.dtype(dtype)]
+    found = JAX_TO_TORCH.get(dtype)  # an array's np.dtype (per output of every call): no conversion
+    return found if found is not None else JAX_TO_TORCH[jnp.dtype(dtype)]
 
 
 _device = None
