@@ -31,7 +31,7 @@ from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import cache as _caches
 from ..runtime import storage, tensors
-from ..runtime.jaxenv import device
+from ..runtime.jaxenv import device, to_jax_dtype
 from ..runtime.storage import _table
 from . import deferred, executor, extents, growth, modes
 
@@ -122,8 +122,9 @@ def _seen_strides(shape, stride) -> tuple:
     return tuple(out)
 
 
-def _padded(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> torch.Tensor:
-    """A copy of `t` in a new buffer padded with zeros along `d` to `b` positions, dynamic there."""
+def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
+    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
+    to `b` positions, and mark it dynamic there."""
     n = t.shape[d]
     shape = list(t.shape)
     shape[d] = b
@@ -131,16 +132,32 @@ def _padded(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, stri
     padded = torch.zeros(shape, dtype=t.dtype)
     padded.narrow(d, 0, n).copy_(host)
     dev = padded.to("tpu")
+    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
     _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper, strict)
     executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
-    return tensors.alias(dev, tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
 
 
-def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
-    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
-    to `b` positions, and mark it dynamic there."""
-    p = _padded(t, d, b, lower, upper, strict)
-    tensors.set_geometry(t, p.untyped_storage(), tuple(t.shape), p.stride(), 0)
+def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
+    """A dynamic (not strict) copy of `t`, padded with zeros along `d` to `b` positions, made
+    from its storage's computed buffer through the host: no program, and no flush of a
+    deferred region (a host read through torch would end one, at a point that may differ
+    between ranks whose regions hold collectives)."""
+    flat = np.asarray(entry.buf).reshape(-1)
+    item = flat.itemsize
+    view = np.lib.stride_tricks.as_strided(flat[t.storage_offset():], shape=tuple(t.shape),
+                                           strides=tuple(s * item for s in t.stride()), writeable=False)
+    shape = list(t.shape)
+    shape[d] = b
+    padded = np.zeros(shape, flat.dtype)
+    padded[tuple(slice(0, s) for s in t.shape)] = view
+    bump("transfers_to_host")
+    bump("bytes_to_host", view.nbytes)
+    bump("transfers_to_device")
+    bump("bytes_to_device", padded.nbytes)
+    new = tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+    _marked[storage.lookup(new)] = Dyn(new.stride(d), t.shape[d], b, 0, None, False)
+    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
+    return tensors.alias(new, tuple(t.shape), _seen_strides(t.shape, new.stride()), 0)
 
 
 def get_dynamism(t: torch.Tensor) -> dict:
@@ -337,11 +354,11 @@ growth.on_grown = _auto
 #
 # A serving loop gathers a different number of rows each step (index_select over the slots
 # of this step's requests, embedding of this step's tokens): each length compiled its own
-# program. Once one op signature has seen more than extents.AFTER index shapes, an index
-# varying in one dim moves into a bucket along it (through the host, as mark_dynamic pads)
-# and becomes dynamic, not strict: the gather runs once per bucket (padding indexes row 0;
-# the result keeps its true size), as do the ops after it that have a rule; an op with none
-# runs on the true sizes, as before.
+# program. Once one op signature has seen more than extents.AFTER index shapes, the call
+# gets, for an index varying in one dim, a copy padded into a bucket along it (through the
+# host, as mark_dynamic pads) and dynamic, not strict: the gather runs once per bucket
+# (padding indexes row 0; the result keeps its true size), as do the ops after it that have
+# a rule; an op with none runs on the true sizes, as before.
 
 _INDEX_ARG = {"index_select": 2, "embedding": 1}  # op -> position of its index tensor
 _index_shapes = _caches.register("index shapes seen", _caches.LRU(_caches.limit("total")))
@@ -380,15 +397,13 @@ def vary_index(low: Lowering, args, kwargs):
         # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
         return args
     entry = _table.get(idx.untyped_storage()._cdata)
-    if entry is None or not isinstance(entry.buf, jax.Array) or not entry.buf.is_ready():
-        return args  # a value still being computed: reading it would wait for the device
+    if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(idx.dtype):
+        return args  # a value of a deferred region (reading it would end the region), a view of another dtype
     bump("dynamic_indices")
-    d, b = dims[0], bucket(shape[dims[0]])
-    if entry.numel == idx.numel() and idx.is_contiguous() and _movable(idx):
-        _rehome(idx, d, b, 0, None, False)
-        return args
+    # the call gets a padded copy; the user's tensor stays as it is (a compiled graph it meets
+    # later, on every rank alike, sees the tensor it was traced with)
     args = list(args)
-    args[i] = _padded(idx, d, b, 0, None, False)
+    args[i] = _padded_copy(idx, entry, dims[0], bucket(shape[dims[0]]))
     return tuple(args)
 
 
