@@ -137,9 +137,9 @@ def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, stri
     executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
 
 
-def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
-    """A dynamic (not strict) copy of `t`, padded with zeros along `d` to `b` positions, made
-    from its storage's computed buffer through the host: no program, and no flush of a
+def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
+    """A new contiguous tensor of `t`'s values padded with zeros along `d` to `b` positions,
+    made from its storage's computed buffer through the host: no program, and no flush of a
     deferred region (a host read through torch would end one, at a point that may differ
     between ranks whose regions hold collectives)."""
     flat = np.asarray(entry.buf).reshape(-1)
@@ -154,7 +154,12 @@ def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     bump("bytes_to_host", view.nbytes)
     bump("transfers_to_device")
     bump("bytes_to_device", padded.nbytes)
-    new = tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+    return tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+
+
+def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
+    """A dynamic (not strict) copy of `t`, padded along `d` to `b` positions (_host_padded)."""
+    new = _host_padded(t, entry, d, b)
     _marked[storage.lookup(new)] = Dyn(new.stride(d), t.shape[d], b, 0, None, False)
     executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
     return tensors.alias(new, tuple(t.shape), _seen_strides(t.shape, new.stride()), 0)
@@ -508,20 +513,7 @@ _ALONE = 2  # a storage held by one tensor: the tensor and its StorageImpl's own
 def _move(t: torch.Tensor, d: int, info: Dyn, nb: int) -> None:
     """Re-home `t` (in place: same tensor, same sizes) into a buffer of bucket `nb` along d,
     through the host."""
-    entry = storage.lookup(t)
-    flat = np.asarray(entry.buf).reshape(-1)
-    item = flat.itemsize
-    view = np.lib.stride_tricks.as_strided(flat[t.storage_offset():], shape=tuple(t.shape),
-                                           strides=tuple(s * item for s in t.stride()), writeable=False)
-    shape = list(t.shape)
-    shape[d] = nb
-    padded = np.zeros(shape, flat.dtype)
-    padded[tuple(slice(0, s) for s in t.shape)] = view
-    bump("transfers_to_host")
-    bump("bytes_to_host", view.nbytes)
-    bump("transfers_to_device")
-    bump("bytes_to_device", padded.nbytes)
-    new = tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+    new = _host_padded(t, storage.lookup(t), d, nb)
     tensors.set_geometry(t, new.untyped_storage(), tuple(t.shape), new.stride(), 0)
     e = storage.lookup(new)
     _marked[e] = Dyn(new.stride(d), info.n, nb, info.lower, info.upper, info.strict)
