@@ -294,26 +294,31 @@ def _refusal(node) -> tuple | None:
         if err is not None:
             raise err
     except Exception as err:  # noqa: BLE001  (its class and message, raised at each call)
-        where = node.meta.get("stack_trace") or ""
-        frames = [ln.strip() for ln in where.splitlines() if ln.strip().startswith("File ")]
-        at = f"\n  (in the compiled graph, from {frames[-1]})" if frames else ""
+        where = _frame(node)
+        at = f"\n  (in the compiled graph, from {where})" if where else ""
         return type(err), f"{err}{at}"
     return None
+
+
+def _frame(node) -> str | None:
+    """The last frame of a node's recorded stack trace ('File "x.py", line 12, in f')."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    return frames[-1] if frames else None
 
 
 def _user_line(node) -> str | None:
     """The user's line that issued a graph node (its recorded stack trace's last frame)."""
     if _checks.active() is None:
         return None
-    trace = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    if not frames:
+    frame = _frame(node)
+    if frame is None:
         return None
     # 'File "x.py", line 12, in f' -> 'x.py:12 in f'
-    parts = frames[-1][5:].split(", ")
+    parts = frame[5:].split(", ")
     if len(parts) >= 3 and parts[1].startswith("line "):
         return f"{parts[0].strip(chr(34))}:{parts[1][5:]} {parts[2]}"
-    return frames[-1]
+    return frame
 
 
 def _constant(value):

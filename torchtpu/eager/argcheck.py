@@ -178,23 +178,17 @@ def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseExcepti
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # a compiler runs under aot_autograd's fake mode: real zeros
-        return _narrow_verdict(op, tree_map(conv, (args, kwargs)), args, kwargs)
-
-
-def _narrow_verdict(op, cpu_call, args, kwargs) -> BaseException | None:
-    cargs, ckwargs = cpu_call
-    key = (op, repr(tree_map(lambda a: (a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a,
-                             (cargs, ckwargs))))
-    found = _narrow_verdicts.get(key, False)
-    if found is False:
-        err = _run_cpu(op, cargs, ckwargs)
-        found = _narrow_verdicts[key] = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
+        cargs, ckwargs = tree_map(conv, (args, kwargs))
+        key = (op, repr(tree_map(lambda a: (a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a,
+                                 (cargs, ckwargs))))
+        found = _narrow_verdicts.get(key, False)
+        if found is False:
+            err = _run_cpu(op, cargs, ckwargs)
+            found = _narrow_verdicts[key] = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
     if found is None:
         return None
     name = str(op).removeprefix("aten.")
-    err = found[0](f"{found[1]}\n  (torchtpu: {_describe(name, args, kwargs)} rejected as CPU PyTorch "
-                   "rejects it)")
-    return err
+    return found[0](f"{found[1]}\n  (torchtpu: {_describe(name, args, kwargs)} rejected as CPU PyTorch rejects it)")
 
 
 def _overlaps(op, args, kwargs) -> bool:

@@ -30,6 +30,7 @@ from ..metrics import bump
 from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import cache as _caches
+from ..runtime import leaf as _leaf
 from ..runtime import storage, tensors
 from ..runtime.jaxenv import device, to_jax_dtype
 from ..runtime.storage import _table
@@ -101,7 +102,16 @@ def mark_dynamic(t: torch.Tensor, dim: int, lower: int = 0, upper: int | None = 
     if found is not None and found[0] == d and (upper is None or found[1].bucket <= upper):
         found[1].lower, found[1].upper, found[1].strict = lower, upper, True
         return t
-    _rehome(t, d, bucket(n, lower, upper), lower, upper, True)
+    b = bucket(n, lower, upper)
+    shape = list(t.shape)
+    shape[d] = b
+    host = t.detach().cpu()  # padded on the host: a program per true size is what marking avoids
+    padded = torch.zeros(shape, dtype=t.dtype)
+    padded.narrow(d, 0, n).copy_(host)
+    dev = padded.to("tpu")
+    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
+    _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper)
+    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
     return t
 
 
@@ -111,7 +121,7 @@ def _seen_strides(shape, stride) -> tuple:
     not (bucket*d, d, 1)). Not in 4-d and 5-d tensors, where a size-1 dim's stride tells
     channels_last from contiguous and is part of a program's key (runtime/leaf.py): there
     it would make every true size a program of its own."""
-    if len(shape) in (4, 5):
+    if len(shape) in _leaf.STRIDES_KEYED_RANKS:
         return tuple(stride)
     out = list(stride)
     acc = 1
@@ -120,21 +130,6 @@ def _seen_strides(shape, stride) -> tuple:
             out[j] = acc
         acc *= max(shape[j], 1)
     return tuple(out)
-
-
-def _rehome(t: torch.Tensor, d: int, b: int, lower: int, upper: int | None, strict: bool) -> None:
-    """Move `t` (in place: same tensor, same sizes) into a buffer padded with zeros along `d`
-    to `b` positions, and mark it dynamic there."""
-    n = t.shape[d]
-    shape = list(t.shape)
-    shape[d] = b
-    host = t.detach().cpu()  # padded on the host: a program per true size is what marking avoids
-    padded = torch.zeros(shape, dtype=t.dtype)
-    padded.narrow(d, 0, n).copy_(host)
-    dev = padded.to("tpu")
-    tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
-    _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper, strict)
-    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
 
 
 def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
@@ -371,9 +366,8 @@ _MAX_MOVED = 1 << 16  # elements: a bigger index is not worth a trip through the
 
 
 def vary_index(low: Lowering, args, kwargs):
-    """The arguments of an index_select/embedding call, its index made dynamic when its
-    length keeps changing for one op signature (see above): moved in place when nothing else
-    shares its storage, else replaced by a dynamic copy (a row of a batch of indices)."""
+    """The arguments of an index_select/embedding call, its index replaced by a dynamic padded
+    copy when its length keeps changing for one op signature (see above)."""
     i = _INDEX_ARG[low.name]
     after = extents.AFTER
     if not after or len(args) <= i:
@@ -382,20 +376,14 @@ def vary_index(low: Lowering, args, kwargs):
     if (not isinstance(idx, torch.Tensor) or idx.device.type != "tpu" or idx.dim() == 0
             or not isinstance(src, torch.Tensor)):
         return args
+    if _find(idx) is not None:
+        return args
     key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), args[1] if i == 2 else None)
     shape = tuple(idx.shape)
-    seen = _index_shapes.get(key)
-    if seen is None:
-        _index_shapes[key] = [shape, {shape}]
+    dims = extents.varying(_index_shapes, key, shape)
+    if dims is None:
         return args
-    first, shapes = seen
-    if shape == first or _find(idx) is not None:
-        return args
-    if len(shapes) <= after:
-        shapes.add(shape)
-        if len(shapes) <= after:
-            return args
-    dims = [d for d in range(len(shape)) if shape[d] != first[d]]
+    dims = sorted(dims)
     if (len(dims) != 1 or shape[dims[0]] <= 1 or idx.numel() > _MAX_MOVED
             or any(n != 1 for n in shape[:dims[0]]) or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
         # only where the result stays a contiguous tensor (its varying dim outermost but for

@@ -40,15 +40,39 @@ MIN_BUCKET = 16
 _POSITIONAL = frozenset({"triu", "tril"})
 # op signature (sizes left out) -> [first written shape, distinct shapes (up to AFTER + 1), varying dims]
 _history = _caches.register("in-place view shapes seen", _caches.LRU(_caches.limit("total")))
+_eligible_ops: dict = {}  # lowering name -> whether padding leaves its true extent's values
 
 
 def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
+def varying(history, key, shape) -> set | None:
+    """The policy, for the op signature `key` (sizes left out) called at `shape`: the dims in
+    which its shapes have varied, once it has seen more than AFTER distinct shapes and this
+    is not its first; None while it runs exact. `history` (an LRU) keeps what it has seen."""
+    seen = history.get(key)
+    if seen is None:
+        history[key] = [shape, {shape}, set()]
+        return None
+    first, shapes, dims = seen
+    if shape == first:
+        return None  # its exact program exists
+    dims.update(d for d in range(len(shape)) if shape[d] != first[d])
+    if len(shapes) <= AFTER:
+        shapes.add(shape)
+        if len(shapes) <= AFTER:
+            return None
+    return dims
+
+
 def _eligible(low) -> bool:
-    functional = low.functional or low
-    return functional.name in _POSITIONAL or isinstance(rules.rule_for(functional.name, low.fn), rules.Pointwise)
+    ok = _eligible_ops.get(low.name)
+    if ok is None:
+        functional = low.functional or low
+        ok = _eligible_ops[low.name] = functional.name in _POSITIONAL or isinstance(
+            rules.rule_for(functional.name, low.fn), rules.Pointwise)
+    return ok
 
 
 def plan(low, flat, pos, kw):
@@ -69,19 +93,10 @@ def plan(low, flat, pos, kw):
         return None  # a whole tensor, or a view of another dtype
     skey = (low.name, pos, kw, tuple([(lf.slot, len(lf.shape), lf.dtype, lf.flags, lf.offset is None)
                                       for lf in leaves]))
-    seen = _history.get(skey)
-    if seen is None:
-        _history[skey] = [shape, {shape}, set()]
+    dims = varying(_history, skey, shape)
+    if dims is None:
         return None
-    first, shapes, varying = seen
-    if shape == first:
-        return None  # its exact program exists
-    varying.update(d for d in range(len(shape)) if shape[d] != first[d])
-    if len(shapes) <= AFTER:
-        shapes.add(shape)
-        if len(shapes) <= AFTER:
-            return None
-    dims = sorted(varying)
+    dims = sorted(dims)
     if any(shape[d] <= 1 for d in dims):
         return None  # a size-1 dim's stride is not in its leaf
     sizes = [shape[d] for d in dims]

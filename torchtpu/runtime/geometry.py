@@ -111,11 +111,8 @@ def read_clamped(buf: jax.Array, shape, strides, offset, dtype) -> jax.Array:
     """read() of a view that may reach past the buffer's end, as a gather: positions past it
     read the last element (a bucket's padding, which the caller masks)."""
     buf = _bitcast(buf, dtype)
-    it = jnp.int32 if buf.shape[0] < 2 ** 31 else jnp.int64
-    idx = jnp.asarray(offset, it)
-    for d, stride in enumerate(strides):
-        idx = idx + lax.broadcasted_iota(it, tuple(shape), d) * stride
-    return buf[jnp.clip(idx, 0, buf.shape[0] - 1)]
+    idx = _index(shape, strides, offset)
+    return buf[jnp.clip(idx if _static(offset) else idx + offset, 0, buf.shape[0] - 1)]
 
 
 def _box(shape, strides):

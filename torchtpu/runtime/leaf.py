@@ -34,6 +34,10 @@ class Leaf(NamedTuple):
     flags: str = ""           # lazy bits of the tensor (not the storage): "conj", "neg", "conjneg"
 
 
+# ranks in which a size-1 dim's stride tells channels_last from contiguous, and results differ
+# by it (eager/memory_format.py): there it stays in the leaf, and so in a program's key
+STRIDES_KEYED_RANKS = (4, 5)
+
 _new = tuple.__new__  # a Leaf without NamedTuple's Python-level __new__: this runs per tensor per op
 
 
@@ -51,9 +55,7 @@ def leaf_of(t: torch.Tensor, slot: int, runtime_offsets: list | None = None) -> 
     appended there and left out of the leaf (one program for every row of a storage)."""
     shape = tuple(t.shape)
     stride = t.stride()
-    if 1 in shape and len(shape) not in (4, 5):
-        # (in a 4-d or 5-d tensor a size-1 dim's stride tells channels_last from contiguous,
-        # and results differ by it: eager/memory_format.py)
+    if 1 in shape and len(shape) not in STRIDES_KEYED_RANKS:
         stride = tuple([0 if n == 1 else s for n, s in zip(shape, stride)])
     offset = t.storage_offset()
     if offset and runtime_offsets is not None:
