@@ -40,7 +40,7 @@ MIN_BUCKET = 16
 _POSITIONAL = frozenset({"triu", "tril"})
 # op signature (sizes left out) -> [first written shape, distinct shapes (up to AFTER + 1), varying dims]
 _history = _caches.register("in-place view shapes seen", _caches.LRU(_caches.limit("total")))
-_eligible_ops: dict = {}  # lowering name -> whether padding leaves its true extent's values
+_eligible_ops: dict = _caches.register("in-place ops padding leaves exact", {})  # lowering name -> bool
 
 
 def bucket(n: int) -> int:
