@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python -m torchtpu.bench eager
 
 clean:
-	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so torchtpu/device/_pinned_factories*.so torchtpu/device/_device_guard*.so
+	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so torchtpu/device/_pinned_factories*.so torchtpu/runtime/_device_guard*.so

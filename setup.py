@@ -1,7 +1,8 @@
 """Builds torchtpu's three small C++ extensions: torchtpu/runtime/_generator
 (csrc/generator.cpp: torch.Generator(device="tpu")), torchtpu/device/_pinned_factories
 (csrc/pinned_factories.cpp: torch.empty(..., pin_memory=True) and the factories over it) and
-torchtpu/device/_device_guard (csrc/device_guard.cpp: the device guard, never entering Python).
+torchtpu/runtime/_device_guard (csrc/device_guard.cpp: the device guard, never entering Python, and
+tensors made on a given device index).
 
 Everything else is declared in pyproject.toml. The extension links against the installed
 torch, so it is built with torch importable: `pip install --no-build-isolation -e .`
@@ -14,7 +15,7 @@ setup(
     ext_modules=[
         CppExtension("torchtpu.runtime._generator", ["csrc/generator.cpp"], extra_compile_args=["-O1"]),
         CppExtension("torchtpu.device._pinned_factories", ["csrc/pinned_factories.cpp"], extra_compile_args=["-O1"]),
-        CppExtension("torchtpu.device._device_guard", ["csrc/device_guard.cpp"], extra_compile_args=["-O1"]),
+        CppExtension("torchtpu.runtime._device_guard", ["csrc/device_guard.cpp"], extra_compile_args=["-O1"]),
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
 )

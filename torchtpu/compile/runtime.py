@@ -23,7 +23,7 @@ from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, leaf, precision, program_timing, rng, storage, tensors, transfer
+from ..runtime import donation, leaf, placement, precision, program_timing, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from ..eager import dynamism as _dynamism
 from ..eager import memory_format
@@ -242,6 +242,24 @@ class CompiledGraph:
         refusal = self.program.refusal
         if refusal is not None:
             raise refusal[0](refusal[1])
+        if placement.spread():  # more than tpu:0 in use: the program runs on its tensors' device
+            with placement.on(self._device(args)):
+                return self._call(args)
+        return self._call(args)
+
+    def _device(self, args) -> int:
+        """The one tpu device of the graph's inputs and results (XLA runs a program on one)."""
+        found = {v.device.index for v in list(self.out_vals) + list(args)
+                 if isinstance(v, torch.Tensor) and v.device.type == "tpu"}
+        if len(found) > 1:
+            raise RuntimeError(
+                f"tpu compiled graph {self.label}: its tensors are on devices "
+                f"{', '.join(f'tpu:{i}' for i in sorted(found))}; a compiled graph runs on one device. "
+                "Compile each device's part separately (torch.compile the stage, not the whole "
+                "pipeline) or move the tensors with .to() between compiled calls.")
+        return found.pop() if found else placement.current()
+
+    def _call(self, args):
         args = list(args)
         if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
             return self._deferred(args)

@@ -77,7 +77,7 @@ def name_device(device_module: types.ModuleType) -> bool:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     try:  # the C++ guard first (csrc/device_guard.cpp says why); PyTorch then keeps it
-        _leaf("device._device_guard")
+        _leaf("runtime._device_guard")
     except ImportError:  # not built: the Python guard serves, except on a backward that raises
         pass
 

@@ -12,63 +12,62 @@ import collections
 import os
 
 from .. import metrics
-from ..runtime import storage
+from ..runtime import placement, storage
 
-_reserved_peak = {"bytes": 0}
+_reserved_peak: dict[int, int] = {}   # per device index
 
 
-def _pjrt_stats() -> dict:
-    from ..runtime import jaxenv
-
+def _pjrt_stats(index: int = 0) -> dict:
     try:
-        return jaxenv.device().memory_stats() or {}
+        return placement.devices()[index].memory_stats() or {}
     except Exception:  # platforms without allocator statistics
         return {}
 
 
-def memory_allocated() -> int:
-    return storage.memory_allocated()
+def memory_allocated(index: int = 0) -> int:
+    return storage.memory_allocated(index)
 
 
-def max_memory_allocated() -> int:
-    return storage.max_memory_allocated()
+def max_memory_allocated(index: int = 0) -> int:
+    return storage.max_memory_allocated(index)
 
 
-def memory_reserved() -> int:
-    stats = _pjrt_stats()
-    now = max(storage.memory_allocated(), int(stats.get("bytes_reserved", stats.get("bytes_in_use", 0))))
-    if now > _reserved_peak["bytes"]:
-        _reserved_peak["bytes"] = now
+def memory_reserved(index: int = 0) -> int:
+    stats = _pjrt_stats(index)
+    now = max(storage.memory_allocated(index), int(stats.get("bytes_reserved", stats.get("bytes_in_use", 0))))
+    if now > _reserved_peak.get(index, 0):
+        _reserved_peak[index] = now
     return now
 
 
-def max_memory_reserved() -> int:
-    stats = _pjrt_stats()
-    peak = max(storage.max_memory_allocated(), int(stats.get("peak_bytes_in_use", 0)))
-    return max(peak, memory_reserved(), _reserved_peak["bytes"])
+def max_memory_reserved(index: int = 0) -> int:
+    stats = _pjrt_stats(index)
+    peak = max(storage.max_memory_allocated(index), int(stats.get("peak_bytes_in_use", 0)))
+    return max(peak, memory_reserved(index), _reserved_peak.get(index, 0))
 
 
-def reset_peak_memory_stats() -> None:
-    storage.reset_peak_memory_stats()
-    _reserved_peak["bytes"] = 0
+def reset_peak_memory_stats(index: int = 0) -> None:
+    storage.reset_peak_memory_stats(index)
+    _reserved_peak[index] = 0
 
 
-def memory_stats() -> "collections.OrderedDict[str, int]":
+def memory_stats(index: int = 0) -> "collections.OrderedDict[str, int]":
     """torch.cuda.memory_stats()'s keys where they mean something here."""
-    alloc = storage.memory_allocated()
-    peak = storage.max_memory_allocated()
+    alloc = storage.memory_allocated(index)
+    peak = storage.max_memory_allocated(index)
+    buffers = storage.live_buffers(index)
     stats = {
         "allocated_bytes.all.current": alloc,
         "allocated_bytes.all.peak": peak,
         "active_bytes.all.current": alloc,
         "active_bytes.all.peak": peak,
-        "reserved_bytes.all.current": memory_reserved(),
-        "reserved_bytes.all.peak": max_memory_reserved(),
-        "allocation.all.current": storage.live_buffers(),
-        "active.all.current": storage.live_buffers(),
+        "reserved_bytes.all.current": memory_reserved(index),
+        "reserved_bytes.all.peak": max_memory_reserved(index),
+        "allocation.all.current": buffers,
+        "active.all.current": buffers,
         "num_alloc_retries": 0,
         "num_ooms": metrics.snapshot().get("out_of_memory", 0),
-        "live_buffers": storage.live_buffers(),
+        "live_buffers": buffers,
     }
     return collections.OrderedDict(sorted(stats.items()))
 
@@ -81,12 +80,12 @@ def _fmt(n: int) -> str:
     return str(n)
 
 
-def memory_summary(abbreviated: bool = False) -> str:
-    s = memory_stats()
+def memory_summary(abbreviated: bool = False, index: int = 0) -> str:
+    s = memory_stats(index)
     line = "|" + "=" * 75 + "|"
     rows = [
         line,
-        f"|{'PyTorch tpu memory summary (' + device_name() + ')':^75}|",
+        f"|{f'PyTorch tpu:{index} memory summary (' + device_name(index) + ')':^75}|",
         line,
         f"| {'Metric':<30}| {'Cur Usage':>20} | {'Peak Usage':>20} |",
         "|" + "-" * 75 + "|",
@@ -102,9 +101,9 @@ def memory_summary(abbreviated: bool = False) -> str:
     return "\n".join(rows) + "\n"
 
 
-def mem_get_info() -> tuple[int, int]:
+def mem_get_info(index: int = 0) -> tuple[int, int]:
     """(free, total) bytes of the device: PJRT's limit where it has one, else host RAM."""
-    stats = _pjrt_stats()
+    stats = _pjrt_stats(index)
     if "bytes_limit" in stats:
         total = int(stats["bytes_limit"])
         return max(0, total - int(stats.get("bytes_in_use", 0))), total
@@ -131,25 +130,21 @@ def _cpu_model() -> str:
     return ""
 
 
-def device_name() -> str:
+def device_name(index: int = 0) -> str:
     """The XLA device's kind ("TPU v5 lite", a GPU's name), or "XLA:CPU (<cpu model>)"."""
-    from ..runtime import jaxenv
-
-    d = jaxenv.device()
+    d = placement.devices()[index]
     if d.platform == "cpu":
         model = _cpu_model()
         return f"XLA:CPU ({model})" if model else "XLA:CPU"
     return str(d.device_kind)
 
 
-def device_capability() -> tuple[int, int]:
+def device_capability(index: int = 0) -> tuple[int, int]:
     """(major, minor): a TPU's generation ("TPU v4" -> (4, 0)), a GPU's compute capability,
     (0, 0) for XLA:CPU."""
     import re
 
-    from ..runtime import jaxenv
-
-    d = jaxenv.device()
+    d = placement.devices()[index]
     cc = getattr(d, "compute_capability", None)
     if cc:
         major, _, minor = str(cc).partition(".")
@@ -161,15 +156,13 @@ def device_capability() -> tuple[int, int]:
 class DeviceProperties:
     """What torch.cuda.get_device_properties() returns, for the XLA device behind "tpu"."""
 
-    def __init__(self):
-        from ..runtime import jaxenv
-
-        d = jaxenv.device()
-        self.name = device_name()
+    def __init__(self, index: int = 0):
+        d = placement.devices()[index]
+        self.name = device_name(index)
         self.platform = d.platform
         self.device_kind = str(d.device_kind)
-        self.total_memory = mem_get_info()[1]
-        self.major, self.minor = device_capability()
+        self.total_memory = mem_get_info(index)[1]
+        self.major, self.minor = device_capability(index)
         cores = getattr(d, "num_cores", None) or (os.cpu_count() if d.platform == "cpu" else 1)
         self.multi_processor_count = int(cores)
         self.is_integrated = d.platform == "cpu"

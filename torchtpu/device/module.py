@@ -1,11 +1,9 @@
 """The torch.tpu module: what torch.cuda offers, for the tpu device."""
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from ..runtime import rng
+from ..runtime import placement, rng
 from . import memory
 
 
@@ -28,54 +26,100 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    """One process drives one XLA device (multi-device runs are multi-process)."""
-    return 1
+    """The XLA devices this process drives (`jax.local_devices()`); in a process launched for a
+    distributed run, before its runtime is up, counted from the environment (JAX must not
+    start before init_process_group)."""
+    return placement.count()
 
 
 def current_device() -> int:
-    return 0
+    return placement.current()
 
 
 def set_device(device) -> None:
-    idx = torch.device(device).index if not isinstance(device, int) else device
-    if idx not in (None, 0):
-        raise RuntimeError(f"torch.tpu.set_device: invalid device index {idx}; this process drives tpu:0")
-
-
-@contextlib.contextmanager
-def device(device):  # noqa: F811 - mirrors torch.cuda.device
-    set_device(device)
-    yield
-
-
-def _check(device) -> None:
-    if device is None or isinstance(device, int):
+    """This thread's current device (a negative index, as CUDA's, is a no-op)."""
+    if isinstance(device, int):
         idx = device
     else:
         d = torch.device(device)
         if d.type != "tpu":
             raise ValueError(f"Expected a tpu device, but got: {d}")
         idx = d.index
-    if idx not in (None, 0, -1):
-        raise AssertionError(f"Invalid device id {idx}: this process drives tpu:0 (device_count() == 1)")
+    if idx is None or idx < 0:
+        return
+    placement.set_current(idx)
+
+
+class device:  # noqa: N801 - mirrors torch.cuda.device
+    """Context manager that makes `device` current (None or a negative index: no change)."""
+
+    def __init__(self, device):
+        self.idx = _index(device, optional=True)
+        self.prev = -1
+
+    def __enter__(self):
+        if self.idx is not None and self.idx >= 0:
+            self.prev = placement.current()
+            if self.idx != self.prev:
+                placement.set_current(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev >= 0 and self.prev != placement.current():
+            placement.set_current(self.prev)
+        return False
+
+
+class device_of(device):  # noqa: N801 - mirrors torch.cuda.device_of
+    """The device of tensor `obj` made current (no change for a non-tpu tensor)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
+
+
+def _index(device, optional: bool = False):
+    """The index `device` names (None: the current device), checked against device_count()."""
+    if device is None:
+        return None if optional else placement.current()
+    if isinstance(device, int):
+        idx = device
+    else:
+        if isinstance(device, str) and device.isdigit():
+            device = int(device)
+            return _index(device, optional)
+        d = torch.device(device)
+        if d.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {d}")
+        idx = d.index
+        if idx is None:
+            return None if optional else placement.current()
+    if idx == -1 and not optional:
+        return placement.current()
+    if idx >= 0:
+        n = placement.count()
+        if idx >= n:
+            raise AssertionError(f"Invalid device id {idx}: this process has {n} tpu device"
+                                 f"{'s' if n != 1 else ''} (device_count() == {n})")
+    return idx
+
+
+def _check(device) -> None:
+    _index(device)
 
 
 def get_device_name(device=None) -> str:
     """The XLA device behind "tpu": its kind on TPU/GPU ("TPU v5 lite"), "XLA:CPU (<model>)" on the host."""
-    _check(device)
-    return memory.device_name()
+    return memory.device_name(_index(device))
 
 
 def get_device_capability(device=None) -> tuple[int, int]:
     """(major, minor): the TPU generation, a GPU's compute capability, (0, 0) on XLA:CPU."""
-    _check(device)
-    return memory.device_capability()
+    return memory.device_capability(_index(device))
 
 
 def get_device_properties(device=None) -> memory.DeviceProperties:
     """name, platform, device_kind, total_memory, major, minor, multi_processor_count."""
-    _check(device)
-    return memory.DeviceProperties()
+    return memory.DeviceProperties(_index(device))
 
 
 def synchronize(device=None) -> None:
@@ -95,11 +139,13 @@ def synchronize(device=None) -> None:
 
 
 def manual_seed(seed: int) -> None:
+    """Seed the current device's default generator."""
     rng.manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
-    rng.manual_seed(seed)
+    """Seed every device's default generator."""
+    rng.manual_seed_all(seed)
 
 
 def seed() -> None:
@@ -107,7 +153,8 @@ def seed() -> None:
 
 
 def seed_all() -> None:
-    seed()
+    """A non-deterministic seed for every device."""
+    rng.manual_seed_all(rng.seed())
 
 
 def initial_seed() -> int:
@@ -115,54 +162,50 @@ def initial_seed() -> int:
 
 
 def __getattr__(name: str):
-    # default_generators: a tuple of torch.Generator, as torch.cuda's; made on first use,
-    # after PrivateUse1 is named "tpu" (one device per process)
+    # default_generators: a tuple of torch.Generator per device, as torch.cuda's; made on first
+    # use, after PrivateUse1 is named "tpu"
     if name == "default_generators":
-        return (rng.default_generator(),)
+        return tuple(rng.default_generator(i) for i in range(device_count()))
     raise AttributeError(f"module 'torch.tpu' has no attribute '{name}'")
 
 
-def get_rng_state(device=None) -> torch.Tensor:
-    return rng.get_state()
+def get_rng_state(device="tpu") -> torch.Tensor:
+    return rng.get_state(_index(device))
 
 
-def set_rng_state(new_state: torch.Tensor, device=None) -> None:
-    rng.set_state(new_state)
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    rng.set_state(new_state, _index(device))
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [rng.get_state()]
+    return [rng.get_state(i) for i in range(device_count())]
 
 
 def set_rng_state_all(new_states) -> None:
-    rng.set_state(new_states[0])
+    for i, state in enumerate(new_states):
+        rng.set_state(state, i)
 
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live device buffers (storages still referenced by a tensor)."""
-    _check(device)
-    return memory.memory_allocated()
+    return memory.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    _check(device)
-    return memory.max_memory_allocated()
+    return memory.max_memory_allocated(_index(device))
 
 
 def memory_reserved(device=None) -> int:
     """Bytes PJRT holds for this process (equals memory_allocated() on XLA:CPU)."""
-    _check(device)
-    return memory.memory_reserved()
+    return memory.memory_reserved(_index(device))
 
 
 def max_memory_reserved(device=None) -> int:
-    _check(device)
-    return memory.max_memory_reserved()
+    return memory.max_memory_reserved(_index(device))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _check(device)
-    memory.reset_peak_memory_stats()
+    memory.reset_peak_memory_stats(_index(device))
 
 
 def reset_max_memory_allocated(device=None) -> None:
@@ -171,19 +214,16 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def memory_stats(device=None) -> dict:
     """torch.cuda.memory_stats()'s keys where meaningful (allocated/active/reserved bytes)."""
-    _check(device)
-    return memory.memory_stats()
+    return memory.memory_stats(_index(device))
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    _check(device)
-    return memory.memory_summary(abbreviated)
+    return memory.memory_summary(abbreviated, _index(device))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of device memory (host RAM on XLA:CPU)."""
-    _check(device)
-    return memory.mem_get_info()
+    return memory.mem_get_info(_index(device))
 
 
 def empty_cache() -> None:

@@ -24,6 +24,8 @@ storages (and leaving other devices untouched) makes every caller work:
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -57,9 +59,9 @@ def _storage_new(orig):
             return orig(cls, *args, **kwargs)
         if kwargs:
             raise TypeError(f"UntypedStorage(): unexpected keyword arguments {sorted(kwargs)} for a tpu storage")
-        idx = torch.device(device).index
-        if idx not in (None, 0):
-            raise RuntimeError(f"UntypedStorage: invalid device {device}; this process drives one device, tpu:0")
+        from ..runtime import placement
+
+        idx = placement.index_of(torch.device(device), "UntypedStorage")
         data = None
         if not args:
             size = 0
@@ -74,7 +76,11 @@ def _storage_new(orig):
             raise RuntimeError(f"UntypedStorage: size must be non-negative, got {size}")
         from ..runtime import tensors
 
-        st = tensors.empty((size,), torch.uint8).untyped_storage()
+        if placement.spread():
+            with placement.on(idx):
+                st = tensors.empty((size,), torch.uint8).untyped_storage()
+        else:
+            st = tensors.empty((size,), torch.uint8).untyped_storage()
         _entry(st).untyped = True
         if data is not None:
             st.copy_(data)
@@ -93,19 +99,22 @@ def _storage_copy(orig):
             raise RuntimeError(f"size does not match, self was {self.nbytes()} bytes but src was {src.nbytes()} bytes")
         if self.nbytes() == 0:
             return self
-        from ..runtime import inflight, transfer
+        from ..runtime import inflight, placement, transfer
 
         if dst_tpu:
             entry = _entry(self)
-            if src_tpu:
-                s = _entry(src)
-                buf = transfer.buffer(s)
-                if s.dtype != entry.dtype or s.nbytes != entry.nbytes:
-                    host = transfer.storage_to_host(s)
+            with placement.on(entry.index) if placement.spread() else contextlib.nullcontext():
+                if src_tpu:
+                    s = _entry(src)
+                    buf = transfer.buffer(s)
+                    if s.dtype != entry.dtype or s.nbytes != entry.nbytes:
+                        host = transfer.storage_to_host(s)
+                        buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
+                    elif s.index != entry.index:  # another tpu device: a device-to-device copy
+                        buf = transfer.moved(buf, entry.index)
+                else:
+                    host = torch.empty(0, dtype=torch.uint8).set_(src).numpy()
                     buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
-            else:
-                host = torch.empty(0, dtype=torch.uint8).set_(src).numpy()
-                buf = transfer.bytes_to_device(_fit(host, entry.nbytes), entry.dtype)
             inflight.replaced(entry.buf)  # a transfer does not wait for the old buffer's program
             entry.buf = buf
             return self

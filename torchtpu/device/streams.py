@@ -62,7 +62,7 @@ class Stream(AnyStream):
     """torch.tpu.Stream: torch.Stream on "tpu" (every stream is the device's one stream, id 0)."""
 
     def __new__(cls, device=None, priority: int = 0, **kwargs):
-        return super().__new__(cls, device="tpu", priority=priority)
+        return super().__new__(cls, device=f"tpu:{_index(device)}", priority=priority)
 
     def __init__(self, *args, **kwargs):
         pass
@@ -74,11 +74,22 @@ def install() -> None:
 
 
 def current_stream(device=None) -> torch.Stream:
-    return Stream()
+    return Stream(device)
 
 
 def default_stream(device=None) -> torch.Stream:
-    return Stream()
+    return Stream(device)
+
+
+def _index(device) -> int:
+    """The device index `device` names (None, "tpu" or -1: the current device)."""
+    from ..runtime import placement
+
+    if device is None:
+        return placement.current()
+    if isinstance(device, int):
+        return placement.current() if device < 0 else placement.index_of(device, "Stream")
+    return placement.index_of(torch.device(device), "Stream")
 
 
 def set_stream(stream) -> None:

@@ -15,10 +15,10 @@ import socket
 import jax
 
 from .. import config
-from ..runtime import jaxenv
+from ..runtime import jaxenv, placement
 
 _KEY = "torchtpu/jax_coordinator"
-_runtime = {"world": None, "rank": None}
+_runtime = {"world": None, "rank": None, "devices": {}}
 
 
 def is_up() -> bool:
@@ -76,17 +76,37 @@ def bring_up(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
             # connection); the heartbeat is the backstop when no collective is running
             heartbeat_timeout_seconds=max(10, min(100, secs)),
         )
-    # Workaround (core): runtime/jaxenv.device() takes jax.devices()[0], the global
-    # device 0, which belongs to rank 0; each process must drive its own local device.
-    jaxenv._device = jax.local_devices()[0]
+    # Each process drives its own local devices (jax.devices()[0] belongs to rank 0); its
+    # collectives run on one of them, its home device, and every rank must know every other's
+    # to build the same mesh: the choice is published through the c10d store.
+    home = _home_index(len(jax.local_devices()))
+    dev = jax.local_devices()[home]
+    jaxenv.set_home(dev)
+    placement.set_current(home)
+    if world > 1:
+        store.set(f"{_KEY}/device/{rank}", str(dev.id))
+        by_id = {d.id: d for d in jax.devices()}
+        _runtime["devices"] = {r: by_id[int(store.get(f"{_KEY}/device/{r}").decode())] for r in range(world)}
     _runtime["world"], _runtime["rank"] = world, rank
+
+
+def _home_index(local: int) -> int:
+    """The local device a process's collectives run on: the current device if the program set
+    one (`torch.tpu.set_device(local_rank)` before init_process_group, as CUDA programs do),
+    else, with several local devices under torchrun, its LOCAL_RANK's, else tpu:0."""
+    if placement.chosen():
+        return placement.current()
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local > 1 and local_rank is not None and local_rank.isdigit():
+        return int(local_rank) % local
+    return 0
 
 
 def device_of(global_rank: int):
     """The XLA device of a global rank (this process's own in a world of one)."""
     if _runtime["world"] in (None, 1):
         return jaxenv.device()
-    for d in jax.devices():
-        if d.process_index == global_rank:
-            return d
-    raise RuntimeError(f"torchtpu.distributed: no XLA device for rank {global_rank}")
+    found = _runtime["devices"].get(global_rank)
+    if found is None:
+        raise RuntimeError(f"torchtpu.distributed: no XLA device for rank {global_rank}")
+    return found

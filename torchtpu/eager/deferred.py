@@ -28,7 +28,7 @@ from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import cache as _caches
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, inflight, leaf, pending, program_timing, rng, tensors
+from ..runtime import donation, inflight, leaf, pending, placement, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
 from ..spmd.program import spmd as _spmd
 from ..spmd.region_runner import CollectiveRegionRunner
@@ -59,7 +59,7 @@ class _Node:
 
 class _Graph:
     __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "fingerprint", "written",
-                 "fresh", "fresh_per_key", "churn", "collectives", "overwritten")
+                 "fresh", "fresh_per_key", "churn", "collectives", "overwritten", "device")
 
     def __init__(self):
         self.nodes: list[_Node] = []
@@ -74,6 +74,7 @@ class _Graph:
         self.churn = False  # a region that will never repeat: replay it op by op
         self.collectives = None  # the group context of the collectives recorded in it, if any
         self.overwritten: set = set()  # indices of inputs an in-place op replaced in their storage
+        self.device = 0  # the tpu device its ops run on (one program runs on one device)
 
 
 _graph = _Graph()
@@ -109,6 +110,11 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
     """Record one op over storage `entries` with runtime scalars `dyn`; returns its
     outputs (new tensors over Pending buffers; None for an in-place op). A random op
     draws from `generator` (the default generator when None)."""
+    if placement.spread():  # a region runs on one device: an op on another starts a new one
+        index = placement.active_index()
+        if _graph.nodes and _graph.device != index:
+            flush("device_changed")
+        _graph.device = index
     with _lock:
         g = _graph
         refs = []
@@ -403,7 +409,11 @@ def flush(reason: str) -> None:
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        _flush(reason)
+        if placement.spread():
+            with placement.on(_graph.device):
+                _flush(reason)
+        else:
+            _flush(reason)
 
 
 def _flush(reason: str) -> None:

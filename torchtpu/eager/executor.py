@@ -19,7 +19,7 @@ from ..ops import checks as _checks
 from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, leaf, pending, precision, program_timing, rng, tensors
+from ..runtime import donation, leaf, pending, placement, precision, program_timing, rng, tensors
 from . import argcheck, deferred, extents, growth, memory_format, modes, scalars
 from .op_args import flatten
 from .op_cache import admit, cache_size, clear_cache, clock, drop
@@ -48,6 +48,14 @@ _VARYING_INDEX = frozenset({"index_select", "embedding"})
 
 
 def execute(low: Lowering, args, kwargs):
+    if placement.spread() or (kwargs and placement.names_other(kwargs.get("device"))):
+        # more than tpu:0 in use: the call runs on its tensors' (or its device='s) device
+        with placement.on(placement.call_index(low.name, args, kwargs)):
+            return _execute_here(low, args, kwargs)
+    return _execute_here(low, args, kwargs)
+
+
+def _execute_here(low: Lowering, args, kwargs):
     if vary_index is not None and low.name in _VARYING_INDEX:
         args = vary_index(low, args, kwargs)
     if dynamic is not None:

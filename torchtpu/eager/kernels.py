@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
-from ..runtime import geometry, inflight, pinned, storage, tensors, transfer
+from ..runtime import geometry, inflight, pinned, placement, storage, tensors, transfer
 from ..runtime.jaxenv import to_jax_dtype
 from . import argcheck, composites, dynamism, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
@@ -186,7 +186,11 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
     _check_device(device, "empty")
     if pin_memory:
         raise RuntimeError("empty: pin_memory is not supported for tpu tensors")
-    t = tensors.empty(size, dtype or torch.get_default_dtype())
+    if placement.spread():
+        with placement.on(placement.index_of(device, "empty")):
+            t = tensors.empty(size, dtype or torch.get_default_dtype())
+    else:
+        t = tensors.empty(size, dtype or torch.get_default_dtype())
     if memory_format in (torch.channels_last, torch.channels_last_3d):  # a fresh buffer: strides only
         tensors.set_geometry(t, t.untyped_storage(), t.shape, _strides_for(tuple(t.shape), memory_format), 0)
     return t
@@ -196,7 +200,11 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     _check_device(device, "empty_strided")
     dtype = dtype or torch.get_default_dtype()
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
-    base = tensors.empty((extent,), dtype)
+    if placement.spread():
+        with placement.on(placement.index_of(device, "empty_strided")):
+            base = tensors.empty((extent,), dtype)
+    else:
+        base = tensors.empty((extent,), dtype)
     tensors.set_geometry(base, base.untyped_storage(), size, stride, 0)
     return base
 
@@ -248,26 +256,11 @@ def _copy_lowering():
 
 def copy_(self, src, non_blocking=False):
     sdev, ddev = src.device.type, self.device.type
-    if ddev == "tpu" and sdev == "tpu":
-        execute(_copy_lowering(), (self, src), {})
-        return self
+    if ddev == "tpu" and placement.spread():
+        with placement.on(self.device.index):
+            return _copy_to_tpu(self, src, sdev)
     if ddev == "tpu":
-        arr = transfer.to_device_array(src)
-        entry = storage.lookup(self)
-        if (
-            tuple(src.shape) == tuple(self.shape)
-            and src.dtype == self.dtype
-            and self.storage_offset() == 0
-            and self.numel() == entry.numel
-            and entry.dtype == to_jax_dtype(self.dtype)
-            and geometry.is_contiguous(self.shape, self.stride())
-        ):
-            inflight.replaced(entry.buf)  # the transfer does not wait for the old buffer's program
-            entry.buf = arr.reshape(-1)
-            return self
-        tmp = tensors.empty(src.shape, src.dtype, arr.reshape(-1))
-        execute(_copy_lowering(), (self, tmp), {})
-        return self
+        return _copy_to_tpu(self, src, sdev)
     # device -> host
     if non_blocking and _lands_async(self, src):
         try:
@@ -280,6 +273,33 @@ def copy_(self, src, non_blocking=False):
         self.view(torch.uint8).copy_(host.view(torch.uint8))
     else:
         self.copy_(host)
+    return self
+
+
+def _copy_to_tpu(self, src, sdev):
+    """copy_ into a tpu tensor from tpu (this device or another) or from the host."""
+    if sdev == "tpu":
+        if src.device.index != self.device.index:  # another tpu device: a device-to-device copy
+            arr = transfer.to_other_device(src, self.device.index)
+            execute(_copy_lowering(), (self, tensors.empty(src.shape, src.dtype, arr.reshape(-1))), {})
+            return self
+        execute(_copy_lowering(), (self, src), {})
+        return self
+    arr = transfer.to_device_array(src)
+    entry = storage.lookup(self)
+    if (
+        tuple(src.shape) == tuple(self.shape)
+        and src.dtype == self.dtype
+        and self.storage_offset() == 0
+        and self.numel() == entry.numel
+        and entry.dtype == to_jax_dtype(self.dtype)
+        and geometry.is_contiguous(self.shape, self.stride())
+    ):
+        inflight.replaced(entry.buf)  # the transfer does not wait for the old buffer's program
+        entry.buf = arr.reshape(-1)
+        return self
+    tmp = tensors.empty(src.shape, src.dtype, arr.reshape(-1))
+    execute(_copy_lowering(), (self, tmp), {})
     return self
 
 

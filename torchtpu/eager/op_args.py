@@ -18,6 +18,7 @@ import torch
 
 from ..ops.registry import Lowering
 from ..runtime import leaf as _leaf
+from ..runtime import placement
 from ..runtime.jaxenv import torch_to_numpy
 
 TENSOR, SCALAR, LIST, VALUE = "T", "S", "L", "V"
@@ -36,20 +37,18 @@ class HostEntry:
         self.dtype = self.buf.dtype
 
 
-def _device_error(low: Lowering, other) -> RuntimeError:
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two "
-        f"devices, tpu:0 and {other}! (when checking arguments for {low.name})")
+def _device_error(low: Lowering, tensors, other) -> RuntimeError:
+    mine = next((t.device.index for t in tensors if not t.is_cpu), 0)
+    return placement.same_device_error(mine, other, low.name)
 
 
 def check_device(device, op: str) -> None:
-    """This process drives tpu:0 only: another index is refused, as CUDA refuses an ordinal it
-    does not have, rather than quietly made tpu:0."""
-    if device is not None and torch.device(device).index not in (None, 0):
-        raise RuntimeError(
-            f"{op}: invalid device {torch.device(device)}; this process drives one device, tpu:0 "
-            "(use one process per device with torch.distributed)"
-        )
+    """An index this process does not have is refused, as CUDA refuses an ordinal it does not
+    have, rather than quietly made on another device."""
+    if device is not None:
+        d = torch.device(device)
+        if d.type == "tpu" and d.index not in (None, 0):
+            placement.index_of(d, op)
 
 
 class Flat(_leaf.Leaves):
@@ -66,7 +65,7 @@ class Flat(_leaf.Leaves):
     def tensor(self, t: torch.Tensor, low: Lowering):
         if t.is_cpu:
             if t.dim() != 0:
-                raise _device_error(low, "cpu")
+                raise _device_error(low, self.tensors, "cpu")
             entry = HostEntry(t)
             self.leaves.append(_leaf.host_leaf(self.slot(entry), t))
         else:
@@ -74,7 +73,7 @@ class Flat(_leaf.Leaves):
                 entry = _leaf.entry_of(t)
             except KeyError:
                 if t.device.type != "tpu":
-                    raise _device_error(low, t.device) from None
+                    raise _device_error(low, self.tensors, str(t.device)) from None
                 raise
             self.leaves.append(_leaf.leaf_of(t, self.slot(entry), self.offsets))
         self.tensors.append(t)

@@ -76,11 +76,19 @@ _device = None
 
 
 def device() -> jax.Device:
-    """The XLA device torchtpu drives: a TPU if present, else a GPU, else the host CPU."""
+    """This process's home XLA device (a TPU if present, else a GPU, else the host CPU): its
+    first local one, or the one a distributed run's collectives use (set_home). Tensors on
+    other local devices are placed by runtime/placement.py."""
     global _device
     if _device is None:
         _device = jax.local_devices()[0]
     return _device
+
+
+def set_home(d: jax.Device) -> None:
+    """Make `d` the home device (distributed bring-up: each process's own)."""
+    global _device
+    _device = d
 
 
 def platform() -> str:

@@ -20,6 +20,8 @@ import warnings
 import numpy as np
 import torch
 
+from . import placement
+
 try:
     from . import _generator  # noqa: F401  (importing it registers the generator factory)
 except ImportError as err:  # not built: every RNG call raises, naming the fix
@@ -32,7 +34,8 @@ else:
 warnings.filterwarnings("ignore", message=r"GetGeneratorForPrivateuse1\(\) is deprecated")
 
 _lock = threading.Lock()
-_default: list[torch.Generator] = []
+_default: dict[int, torch.Generator] = {}   # device index -> its default generator, made on first use
+_seed_all: list[int] = []   # the last manual_seed_all's seed, for generators made after it
 
 
 def _require_extension() -> None:
@@ -43,38 +46,56 @@ def _require_extension() -> None:
             f"--no-build-isolation -e .`) in the torchtpu checkout ({_missing})")
 
 
-def default_generator() -> torch.Generator:
-    """The device's default generator (created on first use: the device must be named first)."""
-    if not _default:
+def default_generator(index: int | None = None) -> torch.Generator:
+    """tpu:`index`'s default generator (None: the device of the op running now), created on
+    first use (the device must be named first): each device has its own, as on CUDA."""
+    if index is None:
+        index = placement.active_index()
+    gen = _default.get(index)
+    if gen is None:
         _require_extension()
         with _lock:
-            if not _default:
-                _default.append(torch.Generator(device="tpu"))
-    return _default[0]
+            gen = _default.get(index)
+            if gen is None:
+                gen = torch.Generator(device=f"tpu:{index}")
+                if _seed_all:
+                    gen.manual_seed(_seed_all[0])
+                _default[index] = gen
+    return gen
 
 
-def manual_seed(seed: int) -> None:
-    default_generator().manual_seed(int(seed) & 0xFFFFFFFFFFFFFFFF)
+def manual_seed(seed: int, index: int | None = None) -> None:
+    """Seed tpu:`index`'s default generator (None: the current device's)."""
+    default_generator(placement.current() if index is None else index).manual_seed(int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's default generator, those made later included."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    _seed_all[:] = [seed]
+    default_generator(0)
+    for gen in list(_default.values()):
+        gen.manual_seed(seed)
 
 
 def initial_seed() -> int:
-    return default_generator().initial_seed()
+    return default_generator(placement.current()).initial_seed()
 
 
 def seed() -> int:
     """Seed with a non-deterministic random number (as torch.cuda.seed); returns it."""
-    return default_generator().seed()
+    return default_generator(placement.current()).seed()
 
 
-def get_state() -> torch.Tensor:
-    return default_generator().get_state()
+def get_state(index: int | None = None) -> torch.Tensor:
+    return default_generator(placement.current() if index is None else index).get_state()
 
 
-def set_state(state: torch.Tensor) -> None:
+def set_state(state: torch.Tensor, index: int | None = None) -> None:
     if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
         raise TypeError(f"expected a torch.ByteTensor as the RNG state, but got {type(state).__name__}"
                         + (f" of dtype {state.dtype}" if isinstance(state, torch.Tensor) else ""))
-    default_generator().set_state(state.detach().cpu().contiguous())
+    default_generator(placement.current() if index is None else index).set_state(state.detach().cpu().contiguous())
 
 
 def check_generator(gen: torch.Generator) -> torch.Generator:
@@ -115,7 +136,7 @@ def next_key_data(gen: torch.Generator | None = None) -> tuple:
     """(seed low word, seed high word, counter) for one random op; advances `gen` (the
     default generator when None) by one."""
     if gen is None:
-        gen = _default[0] if _default else default_generator()
+        gen = _default.get(placement.active_index()) or default_generator()
     with _lock:
         off = gen.get_offset()
         gen.set_offset(off + 1)

@@ -18,13 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import geometry, inflight, jaxenv, pending
+from . import geometry, inflight, jaxenv, pending, placement
 
 
 class Entry:
     """One storage: its flat buffer (None until first written), length, dtype."""
 
-    __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "__weakref__")
+    __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__")
 
     def __init__(self, numel: int, dtype: np.dtype, buf=None):
         self.numel = numel
@@ -34,6 +34,7 @@ class Entry:
         self.watch = None  # weakref to the storage object; its callback frees this entry
         self.addr = None  # its device address, reserved when first asked for (address())
         self.untyped = False  # made as raw bytes (UntypedStorage(n, device="tpu")): see adopt_dtype
+        self.index = 0  # the tpu device its buffer lives on (runtime/placement.py)
 
 
 _table: dict[int, Entry] = {}
@@ -41,7 +42,14 @@ inflight.set_live_buffers(lambda: [e.buf for e in list(_table.values())])
 # Reentrant: _release runs from a weakref callback, which a garbage collection can start
 # on this thread while it holds the lock (a plain Lock would deadlock there).
 _lock = threading.RLock()
-_stats = {"allocated": 0, "peak": 0}
+_stats: dict[int, dict[str, int]] = {0: {"allocated": 0, "peak": 0}}   # per device index
+
+
+def _of(index: int) -> dict:
+    st = _stats.get(index)
+    if st is None:
+        st = _stats[index] = {"allocated": 0, "peak": 0}
+    return st
 
 
 def _release(key: int, entry: Entry, _finalizing=sys.is_finalizing) -> None:
@@ -52,7 +60,7 @@ def _release(key: int, entry: Entry, _finalizing=sys.is_finalizing) -> None:
     with _lock:
         if _table.get(key) is entry:
             del _table[key]
-        _stats["allocated"] -= entry.nbytes
+        _of(entry.index)["allocated"] -= entry.nbytes
         if entry.addr is not None:
             _free_slots.append((entry.addr - _ADDR_BASE) // _ADDR_SLOT)
     entry.watch = None
@@ -112,11 +120,12 @@ def _reinterpret(buf, dtype):
     return geometry._bitcast(buf, dtype)
 
 
-def _account(nbytes: int) -> None:
+def _account(nbytes: int, index: int = 0) -> None:
     with _lock:
-        _stats["allocated"] += nbytes
-        if _stats["allocated"] > _stats["peak"]:
-            _stats["peak"] = _stats["allocated"]
+        st = _of(index)
+        st["allocated"] += nbytes
+        if st["allocated"] > st["peak"]:
+            st["peak"] = st["allocated"]
 
 
 def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
@@ -126,15 +135,18 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     storage = t.untyped_storage()
     key = storage._cdata
     entry = Entry(numel, dtype, buf)
+    if placement.spread():
+        entry.index = storage.device.index
     # A plain weakref callback (cheaper than weakref.finalize); the entry keeps the
     # weakref alive for as long as the table holds the entry. `_release` is bound as a
     # default: at interpreter exit the module global may already be None.
     entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry, release=_release: release(key, entry))
     with _lock:
         _table[key] = entry
-        _stats["allocated"] += entry.nbytes
-        if _stats["allocated"] > _stats["peak"]:
-            _stats["peak"] = _stats["allocated"]
+        st = _of(entry.index)
+        st["allocated"] += entry.nbytes
+        if st["allocated"] > st["peak"]:
+            st["peak"] = st["allocated"]
     return entry
 
 
@@ -160,22 +172,26 @@ def resize(entry: Entry, numel: int) -> None:
         entry.buf = jnp.concatenate([pending.concrete(entry, "host_read"), jnp.zeros(numel - entry.numel, entry.dtype)])
     entry.numel = numel
     entry.nbytes += extra
-    _account(extra)
+    _account(extra, entry.index)
 
 
-def memory_allocated() -> int:
-    return _stats["allocated"]
+def memory_allocated(index: int = 0) -> int:
+    return _of(index)["allocated"]
 
 
-def max_memory_allocated() -> int:
-    return _stats["peak"]
+def max_memory_allocated(index: int = 0) -> int:
+    return _of(index)["peak"]
 
 
-def reset_peak_memory_stats() -> None:
-    _stats["peak"] = _stats["allocated"]
+def reset_peak_memory_stats(index: int = 0) -> None:
+    st = _of(index)
+    st["peak"] = st["allocated"]
 
 
-def live_buffers() -> int:
-    return len(_table)
+def live_buffers(index: int | None = None) -> int:
+    """Live storages (on tpu:`index`; None: on every device)."""
+    if index is None or not placement.spread():
+        return len(_table)
+    return sum(1 for e in list(_table.values()) if e.index == index)
 
 

@@ -5,10 +5,19 @@ import math
 
 import torch
 
-from . import storage
+from . import placement, storage
 from .jaxenv import to_jax_dtype
 
-_create = torch._C._acc.create_empty_tensor
+_create_on_0 = torch._C._acc.create_empty_tensor
+
+
+def _create(shape, dtype):
+    """A tensor over an empty storage, on the device the running op makes its results on."""
+    if not placement.spread():
+        return _create_on_0(shape, dtype)
+    i = placement.active_index()
+    return _create_on_0(shape, dtype) if i == 0 else placement.create_empty(shape, dtype, i)
+
 # Geometry kernels run as Meta's: device-agnostic C++ that keeps the tensor's own keys and
 # storage. Meta, not CPU: the CPU set_ would resize the zero-byte storage through a meta
 # allocator and turn the storage into a meta one; the Meta kernel only grows nbytes.
@@ -39,7 +48,10 @@ def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
 
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
-    out = _create((0,), dtype or base.dtype)
+    if placement.spread() and base.device.index:  # on the base's device, whichever op runs
+        out = placement.create_empty((0,), dtype or base.dtype, base.device.index)
+    else:
+        out = _create_on_0((0,), dtype or base.dtype)
     _set_storage.redispatch(META, out, base.untyped_storage(), offset, list(shape), list(stride))
     # lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them
     # (a negative bit also on real views: x.conj().imag is the negated imaginary part)

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from .. import metrics
-from . import geometry, inflight, leaf, pending, pinned, storage
-from .jaxenv import _BITCAST_VIA, device, numpy_to_torch, to_jax_dtype, torch_to_numpy
+from . import geometry, inflight, leaf, pending, pinned, placement, storage
+from .jaxenv import _BITCAST_VIA, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -38,7 +38,11 @@ def buffer(entry: storage.Entry):
     """The storage's concrete buffer: materializes a deferred value, zeros if never written."""
     b = entry.buf
     if b is None:
-        entry.buf = b = _zeros(entry.numel, entry.dtype)
+        if entry.index:
+            with jax.default_device(placement.jax_device(entry.index)):
+                entry.buf = b = _zeros(entry.numel, entry.dtype)
+        else:
+            entry.buf = b = _zeros(entry.numel, entry.dtype)
     elif not isinstance(b, jax.Array):
         b = pending.concrete(entry, "host_read")
     return b
@@ -106,7 +110,7 @@ def to_device_array(t: torch.Tensor) -> jax.Array:
     a = torch_to_numpy(t)  # a private copy: XLA:CPU may alias it rather than copy
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
-    return jax.device_put(a, device())
+    return jax.device_put(a, placement.jax_device())
 
 
 def storage_to_host(entry: storage.Entry) -> np.ndarray:
@@ -124,7 +128,19 @@ def bytes_to_device(data: np.ndarray, dtype) -> jax.Array:
     a = np.array(data, dtype=np.uint8, copy=True).view(dtype)  # private copy: XLA:CPU may alias
     metrics.bump("transfers_to_device")
     metrics.bump("bytes_to_device", a.nbytes)
-    return jax.device_put(a, device())
+    return jax.device_put(a, placement.jax_device())
+
+
+def to_other_device(t: torch.Tensor, index: int) -> jax.Array:
+    """A tpu tensor's value (its shape) on tpu:`index`: a device-to-device copy where PJRT has
+    one, never through a torch CPU tensor."""
+    return moved(value(t), index)
+
+
+def moved(buf: jax.Array, index: int) -> jax.Array:
+    """A device buffer copied to tpu:`index`."""
+    metrics.bump("transfers_between_devices")
+    return jax.device_put(buf, placement.jax_device(index))
 
 
 # ---- non-blocking device->host copies ----------------------------------------------------
