@@ -38,14 +38,19 @@ namespace {
 
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 
-thread_local c10::DeviceIndex current_index = 0;
+// -1 until the thread sets one: then the process's default (0, or the one chip a torchrun
+// process was given, runtime/launch.py)
+thread_local c10::DeviceIndex thread_index = -1;
+std::atomic<c10::DeviceIndex> default_index{0};
 std::atomic<c10::DeviceIndex> device_count{1};
 
+c10::DeviceIndex current_index() { return thread_index >= 0 ? thread_index : default_index.load(); }
+
 struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
-  static c10::Device current() { return c10::Device(kType, current_index); }
+  static c10::Device current() { return c10::Device(kType, current_index()); }
   static c10::Stream stream(c10::Device d) { return c10::Stream(c10::Stream::DEFAULT, d); }
   static void set(c10::Device d) {
-    if (d.index() >= 0) current_index = d.index();
+    if (d.index() >= 0) thread_index = d.index();
   }
 
   c10::DeviceType type() const override { return kType; }
@@ -78,12 +83,19 @@ PyObject* set_count(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-PyObject* get_current(PyObject*, PyObject*) { return PyLong_FromLong(current_index); }
+PyObject* get_current(PyObject*, PyObject*) { return PyLong_FromLong(current_index()); }
 
 PyObject* set_current(PyObject*, PyObject* arg) {
   long n = PyLong_AsLong(arg);
   if (n == -1 && PyErr_Occurred()) return nullptr;
-  current_index = static_cast<c10::DeviceIndex>(n);
+  thread_index = static_cast<c10::DeviceIndex>(n);
+  Py_RETURN_NONE;
+}
+
+PyObject* set_default(PyObject*, PyObject* arg) {
+  long n = PyLong_AsLong(arg);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  default_index.store(static_cast<c10::DeviceIndex>(n));
   Py_RETURN_NONE;
 }
 
@@ -129,6 +141,7 @@ PyMethodDef methods[] = {
     {"set_count", set_count, METH_O, "Set the number of devices the guard reports."},
     {"current", get_current, METH_NOARGS, "This thread's current device index."},
     {"set_current", set_current, METH_O, "Set this thread's current device index."},
+    {"set_default", set_default, METH_O, "Set the current device index of threads that set none."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_device_guard", nullptr, -1, methods};

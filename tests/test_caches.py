@@ -117,6 +117,8 @@ NOT_CACHES = {
     "_graph_lowering": "eager/control_flow.py: the hook compile/ installs (two entries)",
     "_skipped_modules": "compile/__init__.py: our modules whose code Dynamo skips, bounded by the package's modules",
     "_pending": "device/accelerate_support.py: names of Accelerate/Transformers modules still importing, at most five",
+    "_default": "runtime/rng.py: each device's default generator, bounded by the device count",
+    "_reserved_peak": "device/memory.py: each device's peak reserved bytes, bounded by the device count",
 }
 
 

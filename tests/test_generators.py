@@ -238,7 +238,7 @@ def test_missing_extension_is_a_clear_error(monkeypatch):
     from torchtpu.runtime import rng
 
     monkeypatch.setattr(rng, "_missing", ImportError("no module"))
-    monkeypatch.setattr(rng, "_default", [])
+    monkeypatch.setattr(rng, "_default", {})
     with pytest.raises(RuntimeError, match="C\\+\\+ extension.*make venv"):
         torch.manual_seed(0)
     with pytest.raises(RuntimeError, match="C\\+\\+ extension.*make venv"):

@@ -25,9 +25,9 @@ MODES = ["strict", "defer_and_fuse"]
 
 def _run(scenario: str, mode: str, env_extra: dict) -> dict:
     env = dict(os.environ)
-    env.update(env_extra, TORCHTPU_EAGER_MODE=mode, TF_CPP_MIN_LOG_LEVEL="2")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTEST_CURRENT_TEST"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTEST_CURRENT_TEST"):
         env.pop(k, None)
+    env.update(env_extra, TORCHTPU_EAGER_MODE=mode, TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run([sys.executable, HERE, scenario, mode], env=env, capture_output=True, text=True,
                        timeout=multiproc.HANG_GUARD_S, cwd=multiproc.ROOT)
     return multiproc.result((p.returncode, p.stdout, p.stderr))
@@ -81,6 +81,57 @@ def test_two_stage_model_trains_as_cpu(four):
     assert r["devices"] == ["tpu:0", "tpu:1"]
     assert r["max_param_diff"] < 1e-5, r
     assert r["max_loss_rel"] < 1e-5, r
+
+
+def test_big_model_dispatch_across_devices():
+    """Accelerate's device_map="balanced" / "auto" (a max_memory per index) spreads a model's
+    layers over tpu:0..3; logits and greedy tokens equal the model's on CPU."""
+    r = _run("big_model", "strict", FOUR)
+    assert r["balanced"]["devices"] == ["tpu:0", "tpu:1", "tpu:2"], r
+    assert len(r["auto"]["devices"]) > 1, r
+    for kind in ("balanced", "auto"):
+        assert r[kind]["logits_diff"] < 1e-5 and r[kind]["tokens_equal"], r
+
+
+TPU_HOST = ("tpu", 4)
+
+
+@pytest.mark.parametrize("env, chips, want_env, want_cfg", [
+    # one host of 4 TPU chips, 4 processes: each gets its own chip, libtpu told the grid
+    ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, TPU_HOST,
+     {"TPU_VISIBLE_CHIPS": "2", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "2,2,1",
+      "TPU_PROCESS_ADDRESSES": "localhost:8476,localhost:8477,localhost:8478,localhost:8479",
+      "TPU_PROCESS_PORT": "8478", "CLOUD_TPU_TASK_ID": "2", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, {}),
+    # GPU host: JAX opens only the local rank's GPU
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16"}, ("gpu", 8), {},
+     {"jax_cuda_visible_devices": "1"}),
+    # nothing to do: one process per host, XLA:CPU, the user's own settings, opted out, no torchrun,
+    # a multi-host TPU job (the other hosts' addresses are the TPU VM's metadata)
+    ({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "4"}, TPU_HOST, {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "JAX_PLATFORMS": "cpu"}, TPU_HOST, {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "TPU_VISIBLE_CHIPS": "0,1"}, TPU_HOST, {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "3,4"}, ("gpu", 8), {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "TORCHTPU_CHIP_PER_PROCESS": "0"}, TPU_HOST, {}, {}),
+    ({}, TPU_HOST, {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}, TPU_HOST, {}, {}),
+    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, ("", 0), {}, {}),
+])
+def test_torchrun_gives_each_process_its_own_chip(env, chips, want_env, want_cfg):
+    from torchtpu.runtime import launch
+
+    assert launch.plan(env, chips) == (want_env, want_cfg)
+
+
+def test_a_process_given_one_chip_numbers_it_by_its_local_rank():
+    """Under torchrun on a shared host a process sees one XLA device; it is tpu:<local rank> of
+    LOCAL_WORLD_SIZE devices, and its neighbours' indices are refused naming them (simulated: the
+    GPU plan on XLA:CPU, where JAX's visible-GPU setting has nothing to restrict)."""
+    r = _run("one_chip", "strict", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "TORCHTPU_HOST_CHIPS": "gpu:2",
+                                    "JAX_PLATFORMS": ""})  # (XLA:CPU named outright keeps every device)
+    assert r["count"] == 2 and r["current"] == 1, r
+    assert r["devices"] == ["tpu:1", "tpu:1", "tpu:1"], r
+    assert r["value"] == [2.0, 2.0, 2.0], r
+    assert "local rank 0" in r["neighbour"], r
 
 
 def _torchrun(scenario: str, nnodes: int, nproc: int, mode: str = "strict") -> list[dict]:
@@ -304,6 +355,48 @@ def _two_stage() -> dict:
         rel = max(rel, abs(loss.item() - rl.item()) / abs(rl.item()))
     diff = max((p.detach().cpu() - q.detach()).abs().max().item() for p, q in zip(m.parameters(), ref.parameters()))
     return {"devices": [str(m.a.weight.device), str(m.b.weight.device)], "max_param_diff": diff, "max_loss_rel": rel}
+
+
+def big_model(mode: str) -> dict:
+    import tempfile
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval()
+    path = tempfile.mkdtemp()
+    m.save_pretrained(path)
+    ids = torch.randint(0, 128, (2, 9))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        ref = m(ids).logits
+    ref_tokens = m.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    out = {}
+    for kind, kw in (("balanced", {}), ("auto", {"max_memory": {0: "120KB", 1: "120KB", 2: "120KB", 3: "1GB"}})):
+        mm = LlamaForCausalLM.from_pretrained(path, device_map="balanced" if kind == "balanced" else "auto", **kw)
+        with torch.no_grad():
+            logits = mm(ids.to("tpu:0")).logits
+        tokens = mm.generate(ids.to("tpu:0"), attention_mask=mask.to("tpu:0"), max_new_tokens=4, do_sample=False,
+                             pad_token_id=0)
+        out[kind] = {"devices": sorted({str(p.device) for p in mm.parameters()}),
+                     "logits_diff": (logits.cpu() - ref).abs().max().item(),
+                     "tokens_equal": torch.equal(tokens.cpu(), ref_tokens)}
+    shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def one_chip(mode: str) -> dict:
+    import torch
+
+    a = torch.ones(3, device="tpu")
+    b = a.to("tpu:1") * 2
+    c = torch.zeros(3, device=torch.device("tpu", 1)) + b
+    return {"count": torch.tpu.device_count(), "current": torch.tpu.current_device(),
+            "devices": [str(t.device) for t in (a, b, c)], "value": c.cpu().tolist(),
+            "neighbour": _err(lambda: torch.ones(2, device="tpu:0"))}
 
 
 def ddp_idiom(mode: str = "strict") -> dict:

@@ -120,6 +120,13 @@ class Config:
     dist_check_grace: float = _var("TORCHTPU_DIST_CHECK_GRACE", "5", _float("5"),
                                    "seconds to wait for peers' signatures (at most the group timeout)",
                                    read="use")
+    chip_per_process: bool = _var("TORCHTPU_CHIP_PER_PROCESS", "1", _on_unless("0"),
+                                  "under torchrun with several processes per TPU or GPU host, each process "
+                                  "opens only its LOCAL_RANK's chip (runtime/launch.py); `0`: every chip",
+                                  read="use")
+    host_chips: Optional[str] = _var("TORCHTPU_HOST_CHIPS", "unset", _path,
+                                     "the host's chips (`tpu:4`, `gpu:8`) where its device files do not show "
+                                     "them", read="use")
     dist_abort: bool = _var("TORCHTPU_DIST_ABORT", "1", _on_unless("0"),
                             "a failed or timed-out collective ends the process; `0` only records it",
                             read="use")

@@ -22,10 +22,11 @@ accelerator is tpu. `cpu=True` and every device they know keep their meaning.
   available and ends in `GradScaler("cuda")`, which disables itself on a machine with no
   CUDA (no loss scaling at all): on tpu it returns `torch.amp.GradScaler("tpu")`
   (`ShardedGradScaler(device="tpu")` for FSDP).
-- `accelerate.utils.modeling.get_max_memory`, which `device_map="auto"` (and `transformers
-  serve`'s default `--device auto`) plans with, lists cuda's devices and the CPU: on tpu it
-  lists tpu's devices by index (an index is torch's current accelerator) with their free
-  memory, first, so the model goes to tpu as it goes to cuda.
+- `accelerate.utils.modeling.get_max_memory`, which `device_map="auto"` / `"balanced"` (and
+  `transformers serve`'s default `--device auto`) plans with, lists cuda's devices and the
+  CPU: on tpu it lists tpu's devices by index (an index is torch's current accelerator) with
+  their free memory, first, so the model goes to tpu:0..N-1 as it goes to cuda's; a given
+  `max_memory`'s indices are checked against tpu's device count, not cuda's.
 - `accelerate.utils.dataclasses.DynamoBackend`, the enum every `dynamo_backend` /
   `TrainingArguments(torch_compile_backend=...)` name is checked against: it gains TPU,
   so `"tpu"` reaches `torch.compile(model, backend="tpu")` ('TPU' is not a valid
@@ -131,6 +132,15 @@ def _patch_max_memory(modeling) -> None:
 
     @_marked
     def get_max_memory(max_memory=None):
+        if max_memory is not None and _tpu_is_the_accelerator():
+            # its check of the indices counts cuda's devices: tpu's are counted here instead
+            with _quiet(modeling.logger, "is not available, available devices are"):
+                found = orig(max_memory)
+            n = torch.tpu.device_count()
+            for k in found:
+                if isinstance(k, int) and not 0 <= k < n:
+                    modeling.logger.warning(f"Device {k} is not available, available devices are {list(range(n))}")
+            return found
         found = orig(max_memory)
         if max_memory is not None or not _tpu_is_the_accelerator() or any(isinstance(k, int) for k in found):
             return found
@@ -142,6 +152,23 @@ def _patch_max_memory(modeling) -> None:
     get_max_memory.__doc__ = orig.__doc__
     get_max_memory.__wrapped__ = orig
     _rebind(orig, get_max_memory)
+
+
+class _quiet:
+    """Drop `logger`'s records containing `text` for the duration of a with block."""
+
+    def __init__(self, logger, text: str):
+        self.logger, self.text = logger, text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
+
+    def __enter__(self):
+        self.logger.addFilter(self)
+
+    def __exit__(self, *exc):
+        self.logger.removeFilter(self)
+        return False
 
 
 def _patch_modeling(modeling) -> None:

@@ -15,7 +15,7 @@ import socket
 import jax
 
 from .. import config
-from ..runtime import jaxenv, placement
+from ..runtime import jaxenv, launch, placement
 
 _KEY = "torchtpu/jax_coordinator"
 _runtime = {"world": None, "rank": None, "devices": {}}
@@ -79,8 +79,8 @@ def bring_up(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
     # Each process drives its own local devices (jax.devices()[0] belongs to rank 0); its
     # collectives run on one of them, its home device, and every rank must know every other's
     # to build the same mesh: the choice is published through the c10d store.
-    home = _home_index(len(jax.local_devices()))
-    dev = jax.local_devices()[home]
+    home = _home_index(placement.count())
+    dev = placement.jax_device(home)
     jaxenv.set_home(dev)
     placement.set_current(home)
     if world > 1:
@@ -96,6 +96,8 @@ def _home_index(local: int) -> int:
     else, with several local devices under torchrun, its LOCAL_RANK's, else tpu:0."""
     if placement.chosen():
         return placement.current()
+    if launch.slot() is not None:  # given its own chip (runtime/launch.py): it is that one
+        return launch.slot()[0]
     local_rank = os.environ.get("LOCAL_RANK")
     if local > 1 and local_rank is not None and local_rank.isdigit():
         return int(local_rank) % local

@@ -16,6 +16,10 @@ import torch  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+from . import launch  # noqa: E402
+
+launch.configure(jax.config)  # one chip per process under torchrun on a TPU or GPU host
+
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: jnp.dtype(jnp.float32),
     torch.float64: jnp.dtype(jnp.float64),

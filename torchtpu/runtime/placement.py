@@ -21,9 +21,16 @@ import threading
 
 import jax
 
+from . import jaxenv, launch  # noqa: F401  (jaxenv first: it runs launch.configure)
+
 _spread = [False]   # some tensor, op or current device is not tpu:0
 _chosen = [False]   # the program has set a current device
+_default_set: list = []   # the guard's default device was set to this process's one chip
 _devices: list = []
+
+
+if launch.slot() is not None:  # given one chip of a shared host: it is tpu:<local rank>
+    _spread[0] = True
 
 
 class _Active(threading.local):
@@ -52,9 +59,14 @@ def create_empty(shape, dtype, index: int):
 
 
 def devices() -> list:
-    """This process's XLA devices (starts JAX's backend on first call)."""
+    """This process's XLA devices by tpu index (starts JAX's backend on first call). A process
+    given one chip of a host it shares with other torchrun processes (runtime/launch.py) has it
+    at its LOCAL_RANK's index; the others' indices hold None."""
     if not _devices:
         found = jax.local_devices()
+        shared = launch.slot()
+        if shared is not None and len(found) == 1:
+            found = [found[0] if i == shared[0] else None for i in range(shared[1])]
         _devices.extend(found)
         try:
             _guard().set_count(len(found))
@@ -87,21 +99,21 @@ def _distributed_launch() -> bool:
 
 def count_unstarted() -> int:
     """Local devices as JAX will see them, read from the environment alone: XLA:CPU's forced
-    device count, or the accelerator device files of a TPU or GPU host (restricted by
-    TPU_VISIBLE_CHIPS / CUDA_VISIBLE_DEVICES)."""
-    import glob
+    device count, or the host's chips (runtime/launch.py), restricted by TPU_VISIBLE_CHIPS /
+    CUDA_VISIBLE_DEVICES."""
     import re
 
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    tpus = sorted(glob.glob("/dev/accel[0-9]*")) or sorted(glob.glob("/dev/vfio/[0-9]*"))
-    gpus = sorted(glob.glob("/dev/nvidia[0-9]*"))
-    if platforms.startswith("cpu") or not (tpus or gpus):
+    shared = launch.slot()
+    if shared is not None:
+        return shared[1]
+    kind, n = launch.host_chips()
+    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not kind:
         m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
         return int(m.group(1)) if m else 1
-    visible = os.environ.get("TPU_VISIBLE_CHIPS" if tpus else "CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get("TPU_VISIBLE_CHIPS" if kind == "tpu" else "CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([v for v in visible.split(",") if v.strip()])
-    return len(tpus or gpus)
+    return n
 
 
 def chosen() -> bool:
@@ -114,9 +126,14 @@ def current() -> int:
     if not _spread[0]:
         return 0
     try:
-        return _guard().current()
+        g = _guard()
     except ImportError:
         return 0
+    shared = launch.slot()
+    if shared is not None and not _default_set:
+        g.set_default(shared[0])  # every thread's current device, until it sets one
+        _default_set.append(True)
+    return g.current()
 
 
 def check_index(index: int, what: str, n: int | None = None) -> None:
@@ -125,6 +142,9 @@ def check_index(index: int, what: str, n: int | None = None) -> None:
     if not 0 <= index < n:
         raise RuntimeError(f"{what}: invalid device tpu:{index}: invalid device ordinal "
                            f"(this process has {n} tpu device{'s' if n != 1 else ''})")
+    shared = launch.slot()
+    if shared is not None and index != shared[0]:
+        raise _neighbours(index)
 
 
 def set_current(index: int) -> None:
@@ -149,7 +169,7 @@ def index_of(device, op: str = "tpu") -> int:
         index = device.index if hasattr(device, "index") else None
         if index is None:
             return current()
-    if index != 0:
+    if index != 0 or _spread[0]:
         check_index(index, op)
         _spread[0] = True
     return index
@@ -171,7 +191,17 @@ def active_index() -> int:
 
 def jax_device(index: int | None = None):
     """The XLA device of tpu:`index` (the active one when None)."""
-    return devices()[active_index() if index is None else index]
+    d = devices()[active_index() if index is None else index]
+    if d is None:
+        raise _neighbours(active_index() if index is None else index)
+    return d
+
+
+def _neighbours(index: int) -> RuntimeError:
+    rank = launch.slot()[0]
+    return RuntimeError(
+        f"tpu:{index} is driven by local rank {index}'s process on this host; this process drives "
+        f"tpu:{rank} only (under torchrun each process is given its own chip: runtime/launch.py)")
 
 
 @contextlib.contextmanager
