@@ -66,10 +66,15 @@ def test_device_apis_take_a_device(four):
     assert four["generators"] == {"count": 4, "devices": [0, 1, 2, 3], "repeat": True,
                                   "per_device": True, "state": True}, four["generators"]
     assert four["streams"] == [3, 3, 1], four["streams"]
+    assert four["properties"] == [True, True, True, True], four["properties"]
 
 
 def test_compiled_graphs_on_another_device(four):
     assert four["compiled"] == {"device": "tpu:2", "match": True, "factory": "tpu:3", "grad": "tpu:2"}, four["compiled"]
+
+
+def test_jax_interop_and_cpu_fallback_keep_the_device(four):
+    assert four["interop"] == ["tpu:2", True, "tpu:1", True], four["interop"]
 
 
 def test_save_load_keeps_the_device(four):
@@ -83,6 +88,7 @@ def test_two_stage_model_trains_as_cpu(four):
     assert r["max_loss_rel"] < 1e-5, r
 
 
+@pytest.mark.slow  # Transformers' import and two model loads: ~40 s
 def test_big_model_dispatch_across_devices():
     """Accelerate's device_map="balanced" / "auto" (a max_memory per index) spreads a model's
     layers over tpu:0..3; logits and greedy tokens equal the model's on CPU."""
@@ -181,6 +187,7 @@ def test_torchrun_cuda_ddp_idiom_each_process_on_its_device():
         assert r["max_param_diff"] < 1e-5, r
 
 
+@pytest.mark.slow  # two torchruns of two processes: ~40 s
 def test_two_nodes_of_two_processes_ddp_and_hsdp_match_cpu():
     """`torchrun --nnodes 2 --nproc-per-node 2` on localhost: 4 processes, each on its
     LOCAL_RANK's device of a simulated 2-device host; DDP over all four and HSDP (FSDP2 on a 2-D
@@ -295,6 +302,10 @@ def four_devices(mode: str) -> dict:
         s_cur = torch.tpu.current_stream().device_index
     out["streams"] = [torch.tpu.Stream(device="tpu:3").device_index, s_cur,
                       torch.tpu.default_stream(1).device_index]
+    props = torch.tpu.get_device_properties(3)
+    out["properties"] = [props.name == torch.tpu.get_device_name("tpu:3"), props.total_memory > 0,
+                         torch.tpu.get_device_capability(2) == torch.tpu.get_device_capability(0),
+                         torch.tpu.mem_get_info(1)[1] > 0]
 
     # compiled graphs
     lin = torch.nn.Linear(4, 3)
@@ -317,6 +328,19 @@ def four_devices(mode: str) -> dict:
     buf.seek(0)
     mapped = torch.load(buf, map_location="tpu:1")["c"]
     out["save_load"] = [str(back.device), str(mapped.device), torch.equal(mapped.cpu(), x.t())]
+
+    # JAX interop and the CPU fallback keep the device
+    import jax
+    import jax.numpy as jnp
+
+    ja = jax.device_put(jnp.arange(4.0), jax.local_devices()[2])
+    from_j = torchtpu.from_jax(ja)
+    back_j = torchtpu.to_jax(from_j * 2)
+    torch.library.define("multi_device_test::dbl", "(Tensor x) -> Tensor")
+    torch.library.impl("multi_device_test::dbl", "CPU")(lambda t: t * 2)
+    fb = torch.ops.multi_device_test.dbl(a)  # no tpu lowering: runs on the CPU, comes back to tpu:1
+    out["interop"] = [str(from_j.device), back_j.devices() == {jax.local_devices()[2]},
+                      str(fb.device), torch.equal(fb.cpu(), x * 2)]
 
     out["two_stage"] = _two_stage()
     return out

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_map
 
 from .. import metrics
 from ..config import startup
-from ..runtime import rng, storage, tensors
+from ..runtime import placement, rng, storage, tensors
 
 _state = {"enabled": startup.fallback}
 _warned: set = set()
@@ -95,13 +95,13 @@ def meta_inplace_view(op, args, kwargs):
     return self
 
 
-def _check_devices(name, args, kwargs):
+def _check_devices(name, args, kwargs) -> int:
+    """The tpu device of the call (its tensors all on it, else CUDA's error)."""
+    index = placement.call_index(name, args, kwargs) if placement.spread() else 0
     for a in torch.utils._pytree.tree_leaves((args, kwargs)):
         if isinstance(a, torch.Tensor) and a.device.type not in ("tpu", "meta") and a.dim() > 0:
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"tpu:0 and {a.device}! (when checking arguments for {name})"
-            )
+            raise placement.same_device_error(index, str(a.device), name)
+    return index
 
 
 def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
@@ -111,7 +111,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
             f"torchtpu: {op._schema.name}.{op._overloadname} has no tpu lowering and the CPU "
             "fallback is disabled (TORCHTPU_FALLBACK=0)"
         )
-    _check_devices(name, args, kwargs)
+    index = _check_devices(name, args, kwargs)
     with _lock:
         first = name not in _warned
         _warned.add(name)
@@ -162,7 +162,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         if isinstance(r, torch.Tensor):
             if id(r) in mutated:
                 return mutated[id(r)]
-            return r.to("tpu")
+            return r.to(torch.device("tpu", index))
         return r
 
     if isinstance(res, (list, tuple)):

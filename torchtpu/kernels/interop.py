@@ -21,7 +21,7 @@ import jax
 import torch
 
 from .. import metrics
-from ..runtime import jaxenv, tensors, transfer
+from ..runtime import jaxenv, placement, tensors, transfer
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
@@ -36,17 +36,24 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 
 
 def from_jax(a) -> torch.Tensor:
-    """A tpu tensor over JAX array `a`'s buffer (moved to the tpu device first if it lives
-    on another device)."""
+    """A tpu tensor over JAX array `a`'s buffer: on the tpu device it lives on, else (another
+    platform's device, or sharded) moved to the current tpu device first."""
     if not isinstance(a, jax.Array):
         raise TypeError(f"torchtpu.from_jax: expected a jax.Array, got {type(a).__name__}")
-    dev = jaxenv.device()
-    if a.devices() != {dev}:
-        a = jax.device_put(a, dev)
+    on = a.devices()
+    local = placement.devices()
+    index = local.index(next(iter(on))) if len(on) == 1 and next(iter(on)) in local else None
+    if index is None:
+        index = placement.current()
+        a = jax.device_put(a, placement.jax_device(index))
         metrics.bump("transfers_to_device")
         metrics.bump("bytes_to_device", a.nbytes)
     dtype = jaxenv.to_torch_dtype(a.dtype)
-    return tensors.empty(a.shape, dtype, a.reshape(-1) if a.ndim != 1 else a)
+    flat = a.reshape(-1) if a.ndim != 1 else a
+    if index == 0 and not placement.spread():
+        return tensors.empty(a.shape, dtype, flat)
+    with placement.on(placement.index_of(index, "from_jax")):
+        return tensors.empty(a.shape, dtype, flat)
 
 
 # --- DLPack -------------------------------------------------------------------------------
@@ -69,17 +76,20 @@ def _dlpack_device(self):
 
 
 def _on_tpu_device(ext) -> bool:
-    return isinstance(ext, jax.Array) and jaxenv.platform() != "cpu" and ext.devices() == {jaxenv.device()}
+    return isinstance(ext, jax.Array) and jaxenv.platform() != "cpu" and len(ext.devices()) == 1 \
+        and next(iter(ext.devices())) in placement.devices()
 
 
 def from_dlpack(ext_tensor, *, device=None, copy=None) -> torch.Tensor:
     target = torch.device(device) if device is not None else None
     if (target is not None and target.type == "tpu") or (target is None and _on_tpu_device(ext_tensor)):
-        if target is not None and target.index not in (None, 0):
-            raise RuntimeError(f"from_dlpack: invalid device {target}; this process drives tpu:0")
+        if target is not None and target.index is not None:
+            placement.index_of(target, "from_dlpack")
         a = ext_tensor if isinstance(ext_tensor, jax.Array) else jax.dlpack.from_dlpack(ext_tensor)
         if copy:
             a = a.copy()
+        if target is not None and target.index is not None and a.devices() != {placement.jax_device(target.index)}:
+            a = jax.device_put(a, placement.jax_device(target.index))
         return from_jax(a)
     return _orig_from_dlpack(ext_tensor, device=device, copy=copy)
 

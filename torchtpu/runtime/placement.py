@@ -85,16 +85,12 @@ def started() -> bool:
 
 
 def count() -> int:
-    """The number of tpu devices; before JAX starts in a process that is to join a
-    distributed run (whose runtime must come up before JAX's backend), counted without
-    starting it (`count_unstarted`)."""
-    if _devices or started() or not _distributed_launch():
+    """The number of tpu devices. Before JAX's backend starts, counted without starting it
+    (`count_unstarted`): a distributed run must bring its runtime up first, and a program that
+    only asks should not pay for it (as CUDA counts its devices without a context)."""
+    if _devices or started():
         return len(devices())
     return count_unstarted()
-
-
-def _distributed_launch() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
 def count_unstarted() -> int:
@@ -257,3 +253,16 @@ def _torch_device():
     import torch
 
     return torch.device
+
+
+def _announce_count() -> None:
+    # The autograd engine sizes its per-device worker threads from the guard's count at the first
+    # backward, which may come before anything here asks JAX for its devices: the guard is told
+    # the count the environment gives now (JAX is not started for it), and the true one later.
+    try:
+        _guard().set_count(count_unstarted())
+    except ImportError:
+        pass
+
+
+_announce_count()
