@@ -176,11 +176,12 @@ def _torchrun(scenario: str, nnodes: int, nproc: int, mode: str = "strict") -> l
     return [found[r] for r in sorted(found)]
 
 
-def test_torchrun_cuda_ddp_idiom_each_process_on_its_device():
+@pytest.mark.parametrize("mode", MODES)
+def test_torchrun_cuda_ddp_idiom_each_process_on_its_device(mode):
     """The standard CUDA DDP script with "cuda" replaced by "tpu" (`torch.tpu.set_device(local_rank)`,
     `torch.device("tpu", local_rank)`, DDP(device_ids=[local_rank])) under torchrun, 2 processes
     that each see both devices of a simulated host."""
-    res = _torchrun("ddp_idiom", 1, 2)
+    res = _torchrun("ddp_idiom", 1, 2, mode)
     for rank, r in enumerate(res):
         assert r["count"] == 2 and r["current"] == rank
         assert r["devices"] == [f"tpu:{rank}"]
