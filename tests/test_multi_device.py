@@ -102,7 +102,7 @@ def test_big_model_dispatch_across_devices():
 TPU_HOST = ("tpu", 4)
 
 
-@pytest.mark.parametrize("env, chips, want_env, want_cfg", [
+@pytest.mark.parametrize("env, host, want_env, want_cfg", [
     # one host of 4 TPU chips, 4 processes: each gets its own chip, libtpu told the grid
     ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, TPU_HOST,
      {"TPU_VISIBLE_CHIPS": "2", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "2,2,1",
@@ -122,10 +122,10 @@ TPU_HOST = ("tpu", 4)
     ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}, TPU_HOST, {}, {}),
     ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, ("", 0), {}, {}),
 ])
-def test_torchrun_gives_each_process_its_own_chip(env, chips, want_env, want_cfg):
-    from torchtpu.runtime import launch
+def test_torchrun_gives_each_process_its_own_chip(env, host, want_env, want_cfg):
+    from torchtpu.runtime import chips
 
-    assert launch.plan(env, chips) == (want_env, want_cfg)
+    assert chips.plan(env, host) == (want_env, want_cfg)
 
 
 def test_a_process_given_one_chip_numbers_it_by_its_local_rank():

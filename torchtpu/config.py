@@ -122,7 +122,7 @@ class Config:
                                    read="use")
     chip_per_process: bool = _var("TORCHTPU_CHIP_PER_PROCESS", "1", _on_unless("0"),
                                   "under torchrun with several processes per TPU or GPU host, each process "
-                                  "opens only its LOCAL_RANK's chip (runtime/launch.py); `0`: every chip",
+                                  "opens only its LOCAL_RANK's chip (runtime/chips.py); `0`: every chip",
                                   read="use")
     host_chips: Optional[str] = _var("TORCHTPU_HOST_CHIPS", "unset", _path,
                                      "the host's chips (`tpu:4`, `gpu:8`) where its device files do not show "

@@ -15,7 +15,7 @@ import socket
 import jax
 
 from .. import config
-from ..runtime import jaxenv, launch, placement
+from ..runtime import chips, jaxenv, placement
 
 _KEY = "torchtpu/jax_coordinator"
 _runtime = {"world": None, "rank": None, "devices": {}}
@@ -96,8 +96,8 @@ def _home_index(local: int) -> int:
     else, with several local devices under torchrun, its LOCAL_RANK's, else tpu:0."""
     if placement.chosen():
         return placement.current()
-    if launch.slot() is not None:  # given its own chip (runtime/launch.py): it is that one
-        return launch.slot()[0]
+    if chips.slot() is not None:  # given its own chip (runtime/chips.py): it is that one
+        return chips.slot()[0]
     local_rank = os.environ.get("LOCAL_RANK")
     if local > 1 and local_rank is not None and local_rank.isdigit():
         return int(local_rank) % local

@@ -16,9 +16,9 @@ import torch  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from . import launch  # noqa: E402
+from . import chips  # noqa: E402
 
-launch.configure(jax.config)  # one chip per process under torchrun on a TPU or GPU host
+chips.configure(jax.config)  # one chip per process under torchrun on a TPU or GPU host
 
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: jnp.dtype(jnp.float32),

@@ -21,7 +21,7 @@ import threading
 
 import jax
 
-from . import jaxenv, launch  # noqa: F401  (jaxenv first: it runs launch.configure)
+from . import chips, jaxenv  # noqa: F401  (jaxenv first: it runs chips.configure)
 
 _spread = [False]   # some tensor, op or current device is not tpu:0
 _chosen = [False]   # the program has set a current device
@@ -29,7 +29,7 @@ _default_set: list = []   # the guard's default device was set to this process's
 _devices: list = []
 
 
-if launch.slot() is not None:  # given one chip of a shared host: it is tpu:<local rank>
+if chips.slot() is not None:  # given one chip of a shared host: it is tpu:<local rank>
     _spread[0] = True
 
 
@@ -60,11 +60,11 @@ def create_empty(shape, dtype, index: int):
 
 def devices() -> list:
     """This process's XLA devices by tpu index (starts JAX's backend on first call). A process
-    given one chip of a host it shares with other torchrun processes (runtime/launch.py) has it
+    given one chip of a host it shares with other torchrun processes (runtime/chips.py) has it
     at its LOCAL_RANK's index; the others' indices hold None."""
     if not _devices:
         found = jax.local_devices()
-        shared = launch.slot()
+        shared = chips.slot()
         if shared is not None and len(found) == 1:
             found = [found[0] if i == shared[0] else None for i in range(shared[1])]
         _devices.extend(found)
@@ -95,14 +95,14 @@ def count() -> int:
 
 def count_unstarted() -> int:
     """Local devices as JAX will see them, read from the environment alone: XLA:CPU's forced
-    device count, or the host's chips (runtime/launch.py), restricted by TPU_VISIBLE_CHIPS /
+    device count, or the host's chips (runtime/chips.py), restricted by TPU_VISIBLE_CHIPS /
     CUDA_VISIBLE_DEVICES."""
     import re
 
-    shared = launch.slot()
+    shared = chips.slot()
     if shared is not None:
         return shared[1]
-    kind, n = launch.host_chips()
+    kind, n = chips.host_chips()
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not kind:
         m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
         return int(m.group(1)) if m else 1
@@ -125,7 +125,7 @@ def current() -> int:
         g = _guard()
     except ImportError:
         return 0
-    shared = launch.slot()
+    shared = chips.slot()
     if shared is not None and not _default_set:
         g.set_default(shared[0])  # every thread's current device, until it sets one
         _default_set.append(True)
@@ -138,7 +138,7 @@ def check_index(index: int, what: str, n: int | None = None) -> None:
     if not 0 <= index < n:
         raise RuntimeError(f"{what}: invalid device tpu:{index}: invalid device ordinal "
                            f"(this process has {n} tpu device{'s' if n != 1 else ''})")
-    shared = launch.slot()
+    shared = chips.slot()
     if shared is not None and index != shared[0]:
         raise _neighbours(index)
 
@@ -194,10 +194,10 @@ def jax_device(index: int | None = None):
 
 
 def _neighbours(index: int) -> RuntimeError:
-    rank = launch.slot()[0]
+    rank = chips.slot()[0]
     return RuntimeError(
         f"tpu:{index} is driven by local rank {index}'s process on this host; this process drives "
-        f"tpu:{rank} only (under torchrun each process is given its own chip: runtime/launch.py)")
+        f"tpu:{rank} only (under torchrun each process is given its own chip: runtime/chips.py)")
 
 
 @contextlib.contextmanager
