@@ -23,7 +23,7 @@ from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, leaf, placement, precision, program_timing, rng, storage, tensors, transfer
+from ..runtime import donation, launcher, leaf, placement, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from ..eager import dynamism as _dynamism
 from ..eager import memory_format
@@ -303,23 +303,14 @@ class CompiledGraph:
         fn, learned = got
         rngdata = rng.next_key_data() if self.program.n_random else ()
         t0 = time.perf_counter() if fn is not None and not hasattr(fn, "_warm") else None
-        tp = program_timing.start()  # nonzero only under torch.profiler
-        if t0 is not None:  # the first call compiles: not on an exhausted heap (XLA would abort)
-            _exe_cache.before_compile(f"tpu compiled graph {self.label}")
-        try:
-            if donate:
-                outs, written, packed, flags = fn(donation.split(bufs, donate), bufs, rngdata, host_values, offsets)
-            else:
-                outs, written, packed, flags = fn((), bufs, rngdata, host_values, offsets)
-        except Exception as err:
-            if _exe_cache.is_out_of_memory(err):
-                raise _exe_cache.out_of_memory(err, f"tpu compiled graph {self.label}") from err
-            raise
+        what = f"tpu compiled graph {self.label}"
+        call_args = (donation.split(bufs, donate) if donate else (), bufs, rngdata, host_values, offsets)
+        outs, written, packed, flags = launcher.launch(fn, call_args, what=lambda: what, compiling=t0 is not None,
+                                                       timing=what)
+        del call_args
         if t0 is not None:
             fn._warm = True
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
-        if tp:
-            program_timing.ran(f"tpu compiled graph {self.label}", (outs, written), tp, t0 is not None)
         bump("executions")
         leaf.commit(entries, written)
         if packed is not None:

@@ -25,10 +25,9 @@ import jax.numpy as jnp
 from .. import metrics
 from ..config import startup
 from ..ops import checks as _checks
-from ..runtime import cache as _exe_cache
 from ..runtime import cache as _caches
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, inflight, leaf, pending, placement, program_timing, rng, tensors
+from ..runtime import donation, inflight, launcher, leaf, pending, placement, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
 from ..spmd.program import spmd as _spmd
 from ..spmd.region_runner import CollectiveRegionRunner
@@ -441,22 +440,23 @@ def _flush(reason: str) -> None:
         # a region with collectives is never replayed on one rank's own judgement (its fresh
         # signatures can differ from a peer's): every rank fuses it, or all replay it together
         replay = fn is None and g.churn and g.collectives is None
-        t0 = program_timing.start()  # nonzero only under torch.profiler
         fresh = fn is None
+        last = g.nodes[-1].origin if g.nodes else None
+        what = lambda: f"a fused region of {len(g.nodes)} ops" + (f" ending at {_where(last)}" if last else "")  # noqa: E731
+        timing = lambda: program_timing.region_name([n.name for n in g.nodes])  # noqa: E731
         try:
             if g.collectives is not None and not replay:
                 replay = not _region_runner().agree(g.collectives, fkey, g.nodes)
             flagged = ()
             if replay:
-                results, flagged = _replay(g, inputs, out_refs)
+                results, flagged = launcher.launch(_replay, (g, inputs, out_refs), what=what, compiling=False,
+                                                   timing=timing)
                 metrics.bump("regions_replayed")
                 if g.churn:
                     # every op that brought a new shape into a storm is suspect from now on
                     _churning.update(g.fresh_per_key)
             else:
                 if fn is None:
-                    # a new program: not compiled on an exhausted heap (XLA would abort)
-                    _exe_cache.before_compile(f"a fused region of {len(g.nodes)} ops", (_fused_cache.clear,))
                     fast = _reshaped(g, out_refs)
                     fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives, fast)
                     _fused_cache[fkey] = fn
@@ -469,10 +469,13 @@ def _flush(reason: str) -> None:
                 donated = donation.split(inputs, donate)
                 args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
                 if g.collectives is not None:
-                    results = _region_runner().run(g.collectives, fkey, g.nodes, fn, args)
+                    runner = _region_runner()
+                    results = launcher.launch(lambda *a: runner.run(g.collectives, fkey, g.nodes, fn, a), args,
+                                              what=what, compiling=fresh, release=(_fused_cache.clear,), timing=timing)
                     metrics.bump("regions_with_collectives")
                 else:
-                    results = fn(*args)
+                    results = launcher.launch(fn, args, what=what, compiling=fresh, release=(_fused_cache.clear,),
+                                              timing=timing)
                 if len(results) > len(out_refs):  # the region's packed check flags
                     flagged = ((results[-1], fn.checks, [n.origin for n in g.nodes]),)
                     results = results[:len(out_refs)]
@@ -482,18 +485,9 @@ def _flush(reason: str) -> None:
                 _fused_sigs.update(g.fresh)
         except Exception as err:
             _fused_cache.pop(fkey, None)
-            failure = err
-            if _exe_cache.is_out_of_memory(err):
-                last = _where(g.nodes[-1].origin) if g.nodes else None
-                failure = _exe_cache.out_of_memory(
-                    err, f"a fused region of {len(g.nodes)} ops" + (f" ending at {last}" if last else ""))
             for e, _ in live:
-                e.buf = Failed(failure)
-            if failure is err:
-                raise
-            raise failure from err
-        if t0:
-            program_timing.ran(program_timing.region_name([n.name for n in g.nodes]), results, t0, fresh)
+                e.buf = Failed(err)  # an out-of-memory error is torch's already (runtime/launcher.py)
+            raise
         leaf.commit([e for e, _ in live], dict(enumerate(results)))
         for i in g.overwritten:
             # a buffer the region replaced in its storage: the region's program may not

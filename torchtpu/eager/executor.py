@@ -19,7 +19,7 @@ from ..ops import checks as _checks
 from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, leaf, pending, placement, precision, program_timing, rng, tensors
+from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, tensors
 from . import argcheck, deferred, extents, growth, memory_format, modes, scalars
 from .op_args import flatten
 from .op_cache import admit, cache_size, clear_cache, clock, drop
@@ -124,36 +124,31 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
     if compiled.partial:
         # held by the tuple and the storage entry only
         donate = tuple(i for i in compiled.partial if donation.exclusively_held(bufs, i, holders=1))
-    if not compiled.ran:  # this call compiles: not on an exhausted heap (XLA would abort)
-        _exe_cache.before_compile(describe(low, flat.tensors), (clear_cache,))
-    t0 = program_timing.start()  # nonzero only under torch.profiler
+    what = lambda: describe(low, flat.tensors)  # noqa: E731  (only on the slow paths)
     try:
         if donate:
             kept = list(bufs)
             bufs = None
             donated = donation.split(kept, donate)
-            outs, updated, flags = donating(compiled, donate)(
-                donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
+            outs, updated, flags = launcher.launch(
+                donating(compiled, donate), (donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata),
+                what, not compiled.ran, _RELEASE, _release_all, low.name)
             del donated
             metrics.bump("donated_writes")
         else:
-            outs, updated, flags = compiled.fn(bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
+            outs, updated, flags = launcher.launch(
+                compiled.fn, (bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata),
+                what, not compiled.ran, _RELEASE, _release_all, low.name)
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():
                 _check_nans(low, flat, outs, updated)
+    except torch.OutOfMemoryError:
+        drop(key)
+        raise
     except Exception as err:
         drop(key)
-        if _exe_cache.is_out_of_memory(err):
-            # compiling (or running) ran out of memory: give back every cached executable and
-            # say so, rather than let XLA try again on an exhausted heap
-            n = cache_size()
-            clear_cache()
-            _exe_cache.evict({}, ())
-            raise _exe_cache.out_of_memory(err, describe(low, flat.tensors), n) from err
         raise user_error(err, low, flat.tensors, args, kwargs) from err
-    if t0:
-        program_timing.ran(low.name, (outs, updated), t0, not compiled.ran)
     count_run(compiled)
     metrics.bump("executions")
     if compiled.updated is None:
@@ -181,6 +176,17 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         written.append((e, e.buf))
     _flagged(compiled, mode, written, flags)
     return _finish(low, compiled, args, kwargs, results)
+
+
+_RELEASE = (clear_cache,)  # what a compile on a short heap may drop first
+
+
+def _release_all() -> int:
+    """Out of memory compiling or running an op: give back every cached executable; how many."""
+    n = cache_size()
+    clear_cache()
+    _exe_cache.evict({}, ())
+    return n
 
 
 def _flagged(compiled, mode, writes, flags) -> None:
