@@ -109,23 +109,24 @@ def call(op, args, kwargs, run):
         raise type(err)(*err.args) if type(err) in (RuntimeError, NotImplementedError, TypeError,
                                                      ValueError, IndexError) else err
     name = op._schema.name
-    if name in _ALPHA and op._overloadname in ("Tensor", "Scalar"):
+    if name in _ALPHA and op._overloadname in ("Tensor", "Scalar") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:2]):
         res = _alpha_sum(name, *args, **kwargs)
         if name.endswith("_"):
             store(args[0], widen(res))
             return args[0]
         return res
-    if op._schema.name == "aten::addcmul" and not op._schema.is_mutable:
+    all32 = all(isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:3])
+    if name == "aten::addcmul" and not op._schema.is_mutable and all32:
         return _addcmul(*args, **kwargs)
-    if op._schema.name == "aten::addcmul_":
+    if name == "aten::addcmul_" and all32:
         self = args[0]
         store(self, widen(_addcmul(*args, **kwargs)))
         return self
     widened = {}  # id(complex32 argument) -> (argument, its complex64 copy)
-
     viewed = {}  # id(carrier view) -> the sub-byte argument it views
     moves = _MOVES
-    if op._schema.name.split("::")[-1] in _BYTE_MOVES and _plain_complex32(op, args, kwargs, dtypes):
+    if name.split("::")[-1] in _BYTE_MOVES and _plain_complex32(op, args, kwargs, dtypes):
         moves = CARRIED
 
     def conv(a):
