@@ -133,6 +133,8 @@ _OPS = {
     "view_as_real": lambda a, b: torch.view_as_real(a).clone(), "zeros_like": lambda a, b: torch.zeros_like(a),
     "full": lambda a, b: torch.full((3,), 1.5 + 2j, dtype=torch.complex32, device=a.device),
     "index_put": lambda a, b: a.index_put((torch.tensor([0, 2], device=a.device),), b[:2]),
+    "addcmul_out": lambda a, b: torch.addcmul(a, a, b, value=2, out=torch.empty_like(a)),
+    "addcmul_": lambda a, b: a.clone().addcmul_(b, b, value=-1j),
     "inplace_add": lambda a, b: a.clone().add_(b), "copy_from_cfloat": lambda a, b: a.clone().copy_(b.to(torch.complex64) * 3),
     "outer": lambda a, b: torch.outer(a[:8], b[:8]),
 }

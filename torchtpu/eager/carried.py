@@ -119,6 +119,13 @@ def call(op, args, kwargs, run):
     all32 = all(isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:3])
     if name == "aten::addcmul" and not op._schema.is_mutable and all32:
         return _addcmul(*args, **kwargs)
+    out = kwargs.get("out") if name == "aten::addcmul" and op._overloadname == "out" else None
+    if out is not None and all32 and out.dtype == torch.complex32:
+        res = _addcmul(*args, **{k: v for k, v in kwargs.items() if k != "out"})
+        if out.shape != res.shape:
+            out.resize_(res.shape)
+        store(out, widen(res))
+        return out
     if name == "aten::addcmul_" and all32:
         self = args[0]
         store(self, widen(_addcmul(*args, **kwargs)))
