@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "generate": "torchtpu.bench.generate:main",
     "control": "torchtpu.bench.control:main",
     "churn": "torchtpu.bench.churn:main",
+    "lowprec": "torchtpu.bench.lowprec:main",
 }
 
 

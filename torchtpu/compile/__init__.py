@@ -132,6 +132,14 @@ def _compiler(label: str):
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         _counter["graphs"] += 1
+        from ..eager import carried
+
+        if carried.graph_holds(gm):
+            # complex32 or a sub-byte dtype: XLA has no element type for it, the graph lowering
+            # would see its carrier; the ATen graph runs op by op through the eager kernels,
+            # which serve these dtypes as CPU does (eager/carried.py)
+            bump("carried_dtype_graphs")
+            return gm
         name = f"{label}{_counter['graphs']}"
         if collectives.collective_nodes(gm):
             collectives.bucket_all_reduces(gm)

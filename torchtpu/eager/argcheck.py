@@ -24,7 +24,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..runtime import cache as _caches
-from ..runtime.jaxenv import NARROW_FLOATS
+from ..runtime.jaxenv import CARRIED, NARROW_FLOATS
 
 # Errors that say "the meta kernel cannot decide", never "the arguments are wrong".
 _UNDECIDABLE = (
@@ -269,9 +269,16 @@ def _cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
     base = bases.get(key)
     if base is None:
         entry = storage.lookup(t)
-        if entry.dtype != to_jax_dtype(t.dtype):
-            raise TypeError("a view of another dtype")
-        base = bases[key] = numpy_to_torch(np.array(transfer.buffer(entry))).clone()  # resizable
+        if t.dtype in CARRIED or entry.dtype != to_jax_dtype(t.dtype):
+            # the storage's bytes as the tensor's dtype (a view of another dtype; complex32, uint4
+            # and the like carried in another type's buffer: runtime/jaxenv.py CARRIED)
+            raw = np.array(transfer.buffer(entry)).reshape(-1).view(np.uint8)
+            if raw.size % t.element_size():
+                raise TypeError("a view of another dtype")
+            base = torch.from_numpy(raw.copy()).view(t.dtype)
+        else:
+            base = numpy_to_torch(np.array(transfer.buffer(entry))).clone()  # resizable
+        bases[key] = base
     return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
 
 

@@ -15,7 +15,8 @@ import torch
 
 from ..ops.registry import AUTOGRAD_KERNELS, KERNELS, LOWERINGS, Lowering, on_lowering, overload, variants_of
 from ..runtime import geometry, inflight, pinned, placement, storage, tensors, transfer
-from ..runtime.jaxenv import to_jax_dtype
+from ..runtime.jaxenv import CARRIED, CARRIED_SEEN as _SEEN, to_jax_dtype
+from . import carried
 from . import argcheck, composites, dynamism, fallback  # noqa: F401  (composites fills KERNELS)
 from .executor import execute
 from .memory_format import dense_strides
@@ -46,16 +47,23 @@ def _functional_kernel(low: Lowering):
     if low.output_mask is not None:
         return _masked_kernel(low)
     check = low.check
+    op = low.overload
     if check is not None:  # what CPU rejects from the tensors' geometry (strides), unseen by JAX
         def checked(*args, **kwargs):
+            if _SEEN[0] and carried.involved(args, kwargs):  # complex32, uint4, ...: eager/carried.py
+                return carried.call(op, args, kwargs, lambda a, k: checked(*a, **k))
             check(*args, **kwargs)
             return execute(low, args, kwargs)
 
         return checked
 
     def kernel(*args, **kwargs):
+        if _SEEN[0] and carried.involved(args, kwargs):
+            return carried.call(op, args, kwargs, lambda a, k: execute(low, a, k))
         return execute(low, args, kwargs)
 
+    if low.name == "complex":  # two float16 tensors make a complex32
+        return lambda real, imag: carried.complex_of_halves(real, imag, kernel)
     return kernel
 
 
@@ -80,6 +88,8 @@ def _out_kernel(low: Lowering):
     op = low.overload
 
     def kernel(*args, **kwargs):
+        if _SEEN[0] and carried.involved(args, kwargs):  # complex32, uint4, ...: eager/carried.py
+            return carried.call(op, args, kwargs, lambda a, k: kernel(*a, **k))
         key = argcheck.signature(op, args, kwargs)
         # an out= of a dtype no input has: CPU checks it before anything else, so CPU decides
         argcheck.check_once(op, args, kwargs, key, ask_cpu=argcheck.odd_out_dtype(args, kwargs, outs_names))
@@ -159,6 +169,8 @@ def _checked_kernel(fn, op):
                  and a.alias_info.is_write)
 
     def kernel(*args, **kwargs):
+        if _SEEN[0] and carried.involved(args, kwargs):  # complex32, uint4, ...: eager/carried.py
+            return carried.call(op, args, kwargs, lambda a, k: kernel(*a, **k))
         # the out= of a hand-written kernel (nonzero(out=float)): CPU's checks decide, once per
         # signature (these are rare, data-dependent ops)
         argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs), ask_cpu=bool(outs))
@@ -254,6 +266,9 @@ def _copy_lowering():
     return SERVED["copy_"]
 
 
+_COPY = torch.ops.aten.copy_.default
+
+
 def copy_(self, src, non_blocking=False):
     sdev, ddev = src.device.type, self.device.type
     if ddev == "tpu" and placement.spread():
@@ -269,8 +284,12 @@ def copy_(self, src, non_blocking=False):
         except TypeError:  # no numpy view of this dtype (float8): the blocking copy
             pass
     host = transfer.to_host(src)
-    if host.dtype == self.dtype == torch.float4_e2m1fn_x2:  # CPU's copy_ has no float4 kernel
+    if self.dtype == torch.float4_e2m1fn_x2 and host.dtype == self.dtype:  # CPU's copy_ has no float4 kernel
         self.view(torch.uint8).copy_(host.view(torch.uint8))
+    elif src.dtype in CARRIED:  # the host holds the carrier's bits (runtime/jaxenv.py CARRIED)
+        if self.dtype != src.dtype:  # a cast on the way: on the device, as CPU casts it
+            return copy_(self, src.to(self.dtype))
+        self.view(CARRIED[src.dtype]).copy_(host)
     else:
         self.copy_(host)
     return self
@@ -281,7 +300,9 @@ def _copy_to_tpu(self, src, sdev):
     if sdev == "tpu":
         if src.device.index != self.device.index:  # another tpu device: a device-to-device copy
             arr = transfer.to_other_device(src, self.device.index)
-            execute(_copy_lowering(), (self, tensors.empty(src.shape, src.dtype, arr.reshape(-1))), {})
+            return _copy_to_tpu(self, tensors.empty(src.shape, src.dtype, arr.reshape(-1)), "tpu")
+        if _SEEN[0] and (self.dtype in CARRIED or src.dtype in CARRIED):  # eager/carried.py
+            carried.call(_COPY, (self, src), {}, lambda a, k: _copy_to_tpu(*a, "tpu"))
             return self
         execute(_copy_lowering(), (self, src), {})
         return self
@@ -299,8 +320,7 @@ def _copy_to_tpu(self, src, sdev):
         entry.buf = arr.reshape(-1)
         return self
     tmp = tensors.empty(src.shape, src.dtype, arr.reshape(-1))
-    execute(_copy_lowering(), (self, tmp), {})
-    return self
+    return _copy_to_tpu(self, tmp, "tpu")
 
 
 def _lands_async(dst, src) -> bool:
@@ -326,7 +346,10 @@ def _copy_from_and_resize(self, dst):
 
 
 def _local_scalar_dense(self):
-    return transfer.to_host(self).item()
+    host = transfer.to_host(self)
+    if self.dtype in CARRIED:  # the carrier's bits on the host: CPU reads (or refuses) the dtype
+        host = host.view(self.dtype)
+    return host.item()
 
 
 def set_source_tensor(self, source):
@@ -550,7 +573,10 @@ def _fast_view_op(name, fast):
 
 def view_kernel(op):
     def kernel(*args, **kwargs):
-        return fallback.meta_view(op, args, kwargs)
+        out = fallback.meta_view(op, args, kwargs)
+        if out.dtype in CARRIED:  # uint8.view(torch.uint4), view_as_complex(float16): eager/carried.py
+            _SEEN[0] = True
+        return out
 
     return kernel
 
@@ -575,6 +601,8 @@ def _boxed_fallback(op, *args, **kwargs):
         return fallback.meta_view(op, args, kwargs)
     if fallback.is_inplace_view_op(op):
         return fallback.meta_inplace_view(op, args, kwargs)
+    if _SEEN[0] and carried.involved(args, kwargs):  # complex32, uint4, ...: eager/carried.py
+        return carried.call(op, args, kwargs, lambda a, k: _boxed_fallback(op, *a, **k))
     return fallback.run_on_cpu(op, args, kwargs)
 
 

@@ -68,7 +68,8 @@ def _to_float8(y, dt):
 
 def cast(x, dtype):
     """`x.astype(dtype)` with CPU PyTorch's float8 conversions (see the module doc). Complex
-    sources keep their real part, as torch's casts to a real type do."""
+    sources keep their real part, as torch's casts to a real type do (to bool: either part
+    nonzero)."""
     x = jnp.asarray(x)
     dt = jnp.dtype(dtype)
     src = x.dtype
@@ -76,6 +77,8 @@ def cast(x, dtype):
         return x
     if src == FLOAT4_STORAGE or dt == FLOAT4_STORAGE:  # its bytes, the only reading CPU has
         return lax.bitcast_convert_type(x, dt)
+    if src.kind == "c" and dt == jnp.bool_:  # nonzero if either part is (torch's, numpy's)
+        return x != 0
     if src.kind == "c" and dt.kind != "c":
         x = jnp.real(x)
     if src in FLOAT8:

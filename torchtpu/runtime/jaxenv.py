@@ -52,6 +52,22 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
+# Dtypes XLA has no element type for, each carried in the buffer of a same-size torch dtype XLA
+# has (eager/carried.py serves their ops): the sub-byte and bits dtypes are storage only on CPU
+# (copies, cat, views; no arithmetic), so their bytes ride as uint8 (bits16: uint16); complex32
+# is two float16s, real then imaginary, carried as the uint32 of their bits (not as complex64:
+# that would double its bytes, and `.view(torch.int32)`, `.view(torch.float16)`, storage sizes
+# and byte transfers must see CPU's 4-byte layout). They map to the carrier's XLA type one
+# way only: JAX_TO_TORCH keeps uint8 -> torch.uint8.
+SUB_BYTE = (torch.uint1, torch.uint2, torch.uint3, torch.uint4, torch.uint5, torch.uint6, torch.uint7,
+            torch.int1, torch.int2, torch.int3, torch.int4, torch.int5, torch.int6, torch.int7)
+BITS = (torch.bits1x8, torch.bits2x4, torch.bits4x2, torch.bits8, torch.bits16)
+CARRIED: dict[torch.dtype, torch.dtype] = {d: torch.uint8 for d in SUB_BYTE + BITS}
+CARRIED[torch.bits16] = torch.uint16
+CARRIED[torch.complex32] = torch.uint32
+for _d, _c in CARRIED.items():
+    TORCH_TO_JAX[_d] = TORCH_TO_JAX[_c]
+
 # numpy has no bfloat16 or float8 that torch reads: host transfers reinterpret bits through a
 # same-size int.
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
@@ -62,13 +78,23 @@ _BITCAST_VIA = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 for _t in NARROW_FLOATS:
     _BITCAST_VIA[_t] = (torch.uint8, TORCH_TO_JAX[_t])
 _NUMPY_VIA = {np.dtype(v[1]): (v[0], k) for k, v in _BITCAST_VIA.items()}
+for _d, _c in CARRIED.items():  # to the host as the carrier's numpy type (one way: see CARRIED)
+    _BITCAST_VIA[_d] = (_c, TORCH_TO_JAX[_c])
+
+
+# set once a tensor of a CARRIED dtype is made on tpu: from then on kernels check their calls
+# for one (eager/carried.py); until then that check costs one list read
+CARRIED_SEEN = [False]
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     try:
-        return TORCH_TO_JAX[dtype]
+        found = TORCH_TO_JAX[dtype]
     except KeyError:
         raise TypeError(f"torchtpu: dtype {dtype} is not supported on the tpu device") from None
+    if dtype in CARRIED:
+        CARRIED_SEEN[0] = True
+    return found
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
@@ -105,7 +131,11 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     Always a copy: Tensor.numpy() would mark the caller's storage non-resizable, and
     XLA:CPU may alias the array it is given instead of copying it.
     """
-    t = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+    t = t.detach().resolve_conj().resolve_neg()
+    carrier = CARRIED.get(t.dtype)
+    if carrier is not None:  # CPU cannot clone most of them: their bits, as the carrier
+        return t.view(carrier).clone(memory_format=torch.contiguous_format).numpy()
+    t = t.clone(memory_format=torch.contiguous_format)
     via = _BITCAST_VIA.get(t.dtype)
     if via is not None:
         return t.view(via[0]).numpy().view(via[1])
