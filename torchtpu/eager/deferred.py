@@ -508,6 +508,15 @@ def _flush(reason: str) -> None:
 after_flush = None
 
 
+def intercept(name: str, fn) -> None:
+    """Install (None: remove) the region interceptor `name` ("after_flush"); called through
+    eager/executor.intercept, the one place interceptors are installed."""
+    global after_flush
+    if name != "after_flush":
+        raise ValueError(f"deferred.intercept: no interceptor named {name!r}")
+    after_flush = fn
+
+
 _flushes = iter(range(1, 1 << 62))
 
 # A region of bucketed ops (a decode step over a KV cache padded to a power-of-two bucket:

@@ -31,10 +31,10 @@ from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import cache as _caches
 from ..runtime import leaf as _leaf
-from ..runtime import storage, tensors
-from ..runtime.jaxenv import device, to_jax_dtype
+from ..runtime import placement, storage, tensors
+from ..runtime.jaxenv import to_jax_dtype
 from ..runtime.storage import _table
-from . import deferred, executor, extents, growth, modes
+from . import executor, extents, growth, modes
 
 MIN_BUCKET = 16
 
@@ -111,7 +111,7 @@ def mark_dynamic(t: torch.Tensor, dim: int, lower: int = 0, upper: int | None = 
     dev = padded.to("tpu")
     tensors.set_geometry(t, dev.untyped_storage(), tuple(t.shape), _seen_strides(t.shape, dev.stride()), 0)
     _marked[storage.lookup(dev)] = Dyn(dev.stride(d), n, b, lower, upper)
-    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
+    executor.intercept("dynamic", execute)  # every op call is looked at while dynamic tensors exist
     return t
 
 
@@ -149,14 +149,18 @@ def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     bump("bytes_to_host", view.nbytes)
     bump("transfers_to_device")
     bump("bytes_to_device", padded.nbytes)
-    return tensors.empty(shape, t.dtype, buf=jax.device_put(padded.reshape(-1), device()))
+    buf = jax.device_put(padded.reshape(-1), placement.jax_device(entry.index))
+    if placement.spread():  # on the tensor's own device, whichever op runs now
+        with placement.on(entry.index):
+            return tensors.empty(shape, t.dtype, buf=buf)
+    return tensors.empty(shape, t.dtype, buf=buf)
 
 
 def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     """A dynamic (not strict) copy of `t`, padded along `d` to `b` positions (_host_padded)."""
     new = _host_padded(t, entry, d, b)
     _marked[storage.lookup(new)] = Dyn(new.stride(d), t.shape[d], b, 0, None, False)
-    executor.dynamic = execute  # every op call is looked at while dynamic tensors exist
+    executor.intercept("dynamic", execute)  # every op call is looked at while dynamic tensors exist
     return tensors.alias(new, tuple(t.shape), _seen_strides(t.shape, new.stride()), 0)
 
 
@@ -200,7 +204,7 @@ def execute(low: Lowering, args, kwargs, serve, run):
     """Serve one op call: over padded buffers when an argument is dynamic (`run` executes
     a lowering), else as usual (`serve`)."""
     if not _marked:  # the last dynamic tensor is gone: calls go straight to the executor again
-        executor.dynamic = None
+        executor.intercept("dynamic", None)
         return serve(low, args, kwargs)
     if _members and low.name == "cat" and modes.get() != "defer_and_fuse":
         cross_edges()  # before the cat reads its inputs (defer_and_fuse: after each flush)
@@ -330,7 +334,7 @@ def _auto(t: torch.Tensor, d: int, n: int, b: int, step: int = 0) -> None:
     unmarked."""
     upper = b if growth.bound is not None and b == growth.bound else None  # (under growth_bound)
     _marked[storage.lookup(t)] = Dyn(t.stride(d), n, b, 0, upper, strict=False)
-    executor.dynamic = execute
+    executor.intercept("dynamic", execute)
     _grew(t, d, step)
 
 
@@ -346,8 +350,8 @@ def _grow(low: Lowering, a: torch.Tensor, b: torch.Tensor, d: int, run):
     return execute(low, ([pa, b], d), {}, run, run)
 
 
-growth.grow_dynamic = _grow
-growth.on_grown = _auto
+executor.intercept("grow_dynamic", _grow)
+executor.intercept("on_grown", _auto)
 
 
 # --- index tensors whose length varies from call to call, with no annotation ---------------
@@ -400,7 +404,7 @@ def vary_index(low: Lowering, args, kwargs):
     return tuple(args)
 
 
-executor.vary_index = vary_index
+executor.intercept("vary_index", vary_index)
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:
@@ -509,4 +513,4 @@ def _move(t: torch.Tensor, d: int, info: Dyn, nb: int) -> None:
     bump("bucket_moves")
 
 
-deferred.after_flush = cross_edges
+executor.intercept("after_flush", cross_edges)

@@ -47,6 +47,32 @@ vary_index = None
 _VARYING_INDEX = frozenset({"index_select", "embedding"})
 
 
+def intercept(name: str, fn) -> None:
+    """Install (None: remove) an interceptor: code of a layer above that must see calls of
+    this one (eager/dynamism.py needs the executor, so it plugs in here instead of being
+    imported). The only way interceptors are set:
+
+    - "dynamic":      fn(low, args, kwargs, serve, execute) serves every op call while tensors
+                      of a dynamic dim exist
+    - "vary_index":   fn(low, args, kwargs) -> args, for index_select/embedding: an index whose
+                      length keeps changing becomes dynamic before the call
+    - "grow_dynamic": fn(low, a, b, d, run) serves a cat growing a tensor (eager/growth.py)
+    - "on_grown":     fn(t, d, n, bucket, step) after a bucketed growth (eager/growth.py)
+    - "after_flush":  fn() after each defer_and_fuse region (eager/deferred.py)
+    """
+    global dynamic, vary_index
+    if name == "dynamic":
+        dynamic = fn
+    elif name == "vary_index":
+        vary_index = fn
+    elif name in ("grow_dynamic", "on_grown"):
+        growth.intercept(name, fn)
+    elif name == "after_flush":
+        deferred.intercept(name, fn)
+    else:
+        raise ValueError(f"executor.intercept: no interceptor named {name!r}")
+
+
 def execute(low: Lowering, args, kwargs):
     if placement.spread() or (kwargs and placement.names_other(kwargs.get("device"))):
         # more than tpu:0 in use: the call runs on its tensors' (or its device='s) device

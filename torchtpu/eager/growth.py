@@ -33,6 +33,18 @@ _append = None
 # dynamic, so the ops over it (a mask's reduction, ...) are bucketed too.
 grow_dynamic = None
 on_grown = None
+
+
+def intercept(name: str, fn) -> None:
+    """Install (None: remove) the growth interceptor `name` ("grow_dynamic" or "on_grown");
+    called through eager/executor.intercept, the one place interceptors are installed."""
+    global grow_dynamic, on_grown
+    if name == "grow_dynamic":
+        grow_dynamic = fn
+    elif name == "on_grown":
+        on_grown = fn
+    else:
+        raise ValueError(f"growth.intercept: no interceptor named {name!r}")
 # The bound set by growth_bound: tensors starting to grow under it pad straight to it.
 bound: int | None = None
 
