@@ -45,6 +45,16 @@ def test_no_new_import_cycle(report):
     assert stale_cyc == [], f"no longer in a cycle, remove from KNOWN_CYCLE_MODULES: {stale_cyc}"
 
 
+def test_no_new_reach_into_another_module():
+    # another module's private names read, or its attributes assigned (issue 31): only the pinned
+    found = layers.reach_ins(PKG)
+    new, stale = layers.reach_in_verdict(found)
+    assert new == [], "reads of another module's private names / assignments to its attributes:\n" + "\n".join(
+        f"{f}:{line}: {kind} {target}" for f, line, kind, target in new)
+    assert stale == [], f"no longer found, remove from KNOWN_REACH_INS: {stale}"
+    assert len(found) > 10  # the scan really sees them
+
+
 def test_cli_passes_on_the_tree(capsys, monkeypatch, report):
     # the tree's scan is the fixture's (parsing it twice doubles the test's time); check()
     # starts afresh on it

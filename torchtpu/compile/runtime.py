@@ -290,7 +290,7 @@ class CompiledGraph:
                         # a new program with collectives: every rank must be about to run the same
                         ctx.group.check_program(f"{ctx.what} ({self.label})", ctx.digest)
                     got = self._jits[key] = self._make(sig, donate, self.layouts.strides(args, self.out_strides))
-                    if len(self._jits) > _exe_cache._limits["per_op"]:
+                    if len(self._jits) > _exe_cache.limit("per_op")():
                         # one graph over ever new shapes (mark_dynamic): oldest programs go first
                         _exe_cache.evict(self._jits, list(self._jits)[:max(1, len(self._jits) // 8)])
                     fn = got[0]

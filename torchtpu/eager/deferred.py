@@ -555,7 +555,7 @@ def _bound_regions() -> None:
     """Keep the fused-region cache within its bound (runtime/cache.py), least recent first."""
     from ..runtime import cache
 
-    limit = cache._limits["regions"]
+    limit = cache.limit("regions")()
     if len(_fused_cache) > limit:
         items = [(k, getattr(f, "used", 0)) for k, f in list(_fused_cache.items())]
         cache.evict(_fused_cache, cache.least_used(items, max(1, limit // 8)))

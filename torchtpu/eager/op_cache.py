@@ -17,6 +17,9 @@ clock = itertools.count(1)  # an op call's time, for least-recently-used evictio
 _per_op: dict = _exe_cache.register("eager op executables per op", {})  # op name -> its executables in cache
 
 
+_per_op_limit = _exe_cache.limit("per_op")
+
+
 def admit(key, compiled) -> None:
     """Keep a new executable, keeping the cache within its bounds (runtime/cache.py): least
     recently used first, an eighth of the bound at a time so eviction stays off the per-op path."""
@@ -24,10 +27,10 @@ def admit(key, compiled) -> None:
         cache[key] = compiled
     name = key[0]
     n = _per_op[name] = _per_op.get(name, 0) + 1
-    limits = _exe_cache._limits
-    if n > limits["per_op"]:
+    per_op = _per_op_limit()
+    if n > per_op:
         mine = [(k, c.used) for k, c in list(cache.items()) if k[0] == name]
-        _evict(_exe_cache.least_used(mine, max(1, limits["per_op"] // 8)))
+        _evict(_exe_cache.least_used(mine, max(1, per_op // 8)))
     if len(cache) > limits["total"]:
         _evict(_exe_cache.least_used([(k, c.used) for k, c in list(cache.items())],
                                      max(1, limits["total"] // 8)))
