@@ -18,6 +18,7 @@ _per_op: dict = _exe_cache.register("eager op executables per op", {})  # op nam
 
 
 _per_op_limit = _exe_cache.limit("per_op")
+_total_limit = _exe_cache.limit("total")
 
 
 def admit(key, compiled) -> None:
@@ -31,9 +32,9 @@ def admit(key, compiled) -> None:
     if n > per_op:
         mine = [(k, c.used) for k, c in list(cache.items()) if k[0] == name]
         _evict(_exe_cache.least_used(mine, max(1, per_op // 8)))
-    if len(cache) > limits["total"]:
-        _evict(_exe_cache.least_used([(k, c.used) for k, c in list(cache.items())],
-                                     max(1, limits["total"] // 8)))
+    total = _total_limit()
+    if len(cache) > total:
+        _evict(_exe_cache.least_used([(k, c.used) for k, c in list(cache.items())], max(1, total // 8)))
 
 
 def drop(key) -> None:
