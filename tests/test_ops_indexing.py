@@ -281,6 +281,26 @@ def test_nonzero_masked_select(dtype):
     check(lambda x, m: x[:, :1].masked_select(m), x, m)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_nonzero_out_keeps_a_strided_out(mode):
+    # PyTorch's test_nonzero_discontiguous: an out= of the right size keeps its strides and its
+    # storage (resize_ to the same sizes is a no-op on CPU); tpu used to make it contiguous
+    x = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]])
+    n = int(x.count_nonzero())
+
+    def run(x):
+        out = torch.zeros(n, 4, dtype=torch.long, device=x.device)[:, ::2]
+        torch.nonzero(x, out=out)
+        return out, out.stride()
+
+    with torchtpu.eager_mode(mode):
+        (got, got_stride), (want, want_stride) = check(run, x, both=True)
+    assert got_stride == want_stride == (4, 2)
+    t = torch.ones(2, 3, device=T).t()
+    assert t.resize_(3, 2).stride() == (1, 3)  # the same sizes: strides kept, as on CPU
+    assert t.resize_(2, 3).stride() == (3, 1)
+
+
 def test_nonzero_static():
     x = torch.tensor([0, 1, 0, 3])
     check(lambda x: torch.nonzero_static(x, size=3), x)
