@@ -188,6 +188,10 @@ def cause_of(rec: dict, test_id: str) -> str:
         return "missing error"
     if re.search(r'does not match|Regex didn.t match', msg):
         return "different error message"
+    if re.search(r"Sparse|sparse_coo|to_sparse|SparseCsr|layout=torch.sparse", msg):
+        return "sparse tensors (no sparse layout on tpu)"
+    if re.search(r"Quantized|quantize_per|qscheme", msg):
+        return "quantized tensors (XLA has no quantized dtypes)"
     if _DTYPES_XLA_LACKS.search(msg) and not re.search(r"close|equal", msg):
         return "dtype XLA lacks"
     if re.search(r"NotImplementedError|not implemented|no lowering|Could not run|not supported", msg):
