@@ -482,3 +482,22 @@ def test_special_values_and_reduced_precision_math():
     check(torch.isfinite, torch.tensor([1 + 1j, complex("nan"), complex("inf")], dtype=torch.complex64))
     check(lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0), torch.tensor([float("nan"), float("inf"), -float("inf")]))
     check(torch.nan_to_num, torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float16))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("fn", [torch.nn.functional.elu_, torch.nn.functional.celu_])
+def test_inplace_elu_negative_alpha_backward_raises(mode, fn):
+    # PyTorch's test_elu_inplace_with_neg_alpha: CPU's elu_backward kernel (not its meta function)
+    # refuses is_result with alpha < 0; tpu returned a gradient
+    for dev in ("cpu", "tpu"):
+        with torchtpu.eager_mode(mode):
+            a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+            b = fn(a.clone(), alpha=-2)
+            with pytest.raises(RuntimeError, match="call out-of-place version"):
+                b.backward(torch.ones(2, device=dev))
+    grads = []
+    for dev in ("cpu", "tpu"):
+        a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+        fn(a.clone(), alpha=2).backward(torch.ones(2, device=dev))
+        grads.append(a.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

@@ -29,6 +29,7 @@ from .registry import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
     DEFAULT,
+    LOWERINGS,
     INT_TO_FLOAT,
     NO_OPMATH,
     lower,
@@ -887,6 +888,19 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
     else:
         neg = g * input_scale * negcoef * jnp.exp(x * input_scale)
     return jnp.where(x <= 0, neg, g * scale)
+
+
+def _elu_backward_check(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    # CPU's kernel (not its meta function) refuses the backward of an in-place elu_/celu_ with a
+    # negative alpha: the input cannot be recovered from the result there
+    if is_result and float(alpha) < 0:
+        raise RuntimeError(
+            "In-place elu backward calculation is triggered with a negative slope which is not "
+            "supported. This is caused by calling in-place forward function with a negative slope, "
+            "please call out-of-place version instead.")
+
+
+LOWERINGS["elu_backward"].check = _elu_backward_check
 
 
 @lower("celu", promote=DEFAULT)
