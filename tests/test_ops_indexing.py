@@ -641,3 +641,20 @@ def test_like_factories_honour_an_explicit_cpu_device():
         assert fn(x, device="cpu").device.type == "cpu"
         assert fn(x).device.type == T
     assert x.new_ones((2, 3), device="cpu").device.type == "cpu"
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_linspace_logspace_infer_complex_and_exact_integral_steps(mode):
+    # PyTorch's test_linspace_deduction: a complex start or end infers the complex default dtype;
+    # test_linspace: an integral linspace(0, 999999, 1000000) must be exact (XLA divided by the
+    # constant steps - 1 as a multiply by its inexact float64 reciprocal: 0, 0, 1, 2, ...)
+    with torchtpu.eager_mode(mode):
+        for fn in (torch.linspace, torch.logspace):
+            for start, end in [(1j, 2j), (0.0, 2j), (1j, 2), (1, 2), (1.0, -2.0)]:
+                want = fn(start, end, 7)
+                got = fn(start, end, 7, device=T)
+                assert got.dtype == want.dtype
+                torch.testing.assert_close(got.cpu(), want)
+        for dt in (torch.int32, torch.int64, torch.float64):
+            want = torch.linspace(0, 999999, 1000000, dtype=dt)
+            assert torch.equal(torch.linspace(0, 999999, 1000000, dtype=dt, device=T).cpu(), want)

@@ -11,6 +11,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype
@@ -123,8 +124,15 @@ def _steps_check(steps):
         raise RuntimeError("number of steps must be non-negative")
 
 
+def _is_complex_value(v) -> bool:
+    return isinstance(v, complex) or (hasattr(v, "dtype") and jnp.iscomplexobj(v))
+
+
 def _space(start, end, steps, dtype, base=None):
-    dtype = dtype or _default()
+    if dtype is None:  # as CPU infers it: a complex start or end gives the default complex dtype
+        dtype = _default()
+        if _is_complex_value(start) or _is_complex_value(end):
+            dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     jdt = to_jax_dtype(dtype)
     if steps == 0:
         return jnp.zeros((0,), jdt)
@@ -152,7 +160,9 @@ def _space(start, end, steps, dtype, base=None):
     if steps == 1:
         v = jnp.reshape(s, (1,))
     else:
-        step = rnd((e - s) / jnp.asarray(steps - 1, cdt))
+        # the barrier keeps XLA from dividing by a constant as a multiply by its reciprocal, which
+        # is inexact in float64 (an integral linspace(0, 999999, 1000000) came out 0, 0, 1, 2, ...)
+        step = rnd((e - s) / lax.optimization_barrier(jnp.asarray(steps - 1, cdt)))
         idx = jnp.arange(steps, dtype=jnp.int64)
         half = steps // 2
         lo = rnd(s + rnd(step * idx.astype(cdt)))
