@@ -501,3 +501,20 @@ def test_inplace_elu_negative_alpha_backward_raises(mode, fn):
         fn(a.clone(), alpha=2).backward(torch.ones(2, device=dev))
         grads.append(a.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_heaviside_polar_mixed_dtypes_raise_as_on_cpu(mode):
+    # PyTorch's test_heaviside and test_torch_complex_same_dtype_error: CPU's kernels refuse
+    # tensors of different dtypes that the meta kernels accept; tpu computed a result
+    calls = [lambda i, v, o: torch.heaviside(i, v), lambda i, v, o: i.heaviside(v),
+             lambda i, v, o: torch.heaviside(i, v, out=o), lambda i, v, o: i.clone().heaviside_(v),
+             lambda i, v, o: torch.polar(i.float(), v.double())]
+    i, v = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float16), torch.tensor([3, 4, 5], dtype=torch.int8)
+    with torchtpu.eager_mode(mode):
+        for call in calls:
+            with pytest.raises(RuntimeError) as want:
+                call(i, v, torch.empty_like(i))
+            with pytest.raises(RuntimeError, match=str(want.value).splitlines()[0][:40]):
+                call(to_tpu(i), to_tpu(v), torch.empty_like(to_tpu(i)))
+        torch.testing.assert_close(torch.heaviside(to_tpu(i), to_tpu(i)).cpu(), torch.heaviside(i, i))
