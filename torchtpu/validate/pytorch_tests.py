@@ -223,8 +223,9 @@ def compare(work: Path, names, sample=None) -> dict:
             r = tpu_k[k]
             if r["outcome"] in OK:
                 continue
+            msg = (r.get("message") or "").split("\n\nTo execute this test")[0]
             failures.append({"test": r["id"].split("::", 1)[-1], "outcome": r["outcome"],
-                             "cause": cause_of(r, r["id"]), "message": (r.get("message") or "")[:600],
+                             "cause": cause_of(r, r["id"]), "message": msg[:600],
                              "where": r.get("where", "")})
         files[name] = {
             "sample": (sample or {}).get(name, 1.0),
