@@ -658,3 +658,19 @@ def test_linspace_logspace_infer_complex_and_exact_integral_steps(mode):
         for dt in (torch.int32, torch.int64, torch.float64):
             want = torch.linspace(0, 999999, 1000000, dtype=dt)
             assert torch.equal(torch.linspace(0, 999999, 1000000, dtype=dt, device=T).cpu(), want)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_range_factories_out_of_same_numel_keep_their_shape(mode):
+    # PyTorch's test_linspace/test_logspace: linspace(0, 3, 4, out=x.narrow(1, 1, 2)) fills the
+    # (2, 2) view in its own order, as CPU does; tpu resized it to (4,) and lost the view
+    calls = [lambda o: torch.linspace(0, 3, 4, out=o), lambda o: torch.logspace(0, 3, 4, base=2, out=o),
+             lambda o: torch.arange(0, 4, out=o)]
+    with torchtpu.eager_mode(mode):
+        for dt in (torch.int32, torch.float32):
+            for call in calls:
+                x = torch.zeros(2, 3, dtype=dt)
+                call(x.narrow(1, 1, 2))
+                y = torch.zeros(2, 3, dtype=dt, device=T)
+                call(y.narrow(1, 1, 2))
+                assert torch.equal(y.cpu(), x)

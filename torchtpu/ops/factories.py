@@ -24,7 +24,13 @@ def _default():
     return torch.get_default_dtype()
 
 
-def _into(out, r):
+def _into(out, r, by_numel=False):
+    """Copy r into out. by_numel (arange, linspace, logspace): as CPU, an out with r's number of
+    elements keeps its shape and strides and is filled in its own element order (linspace into a
+    narrowed 2-d view); only one of another size is resized to r's."""
+    if by_numel and out.numel() == r.numel():
+        out.copy_(r.reshape(out.shape))
+        return out
     if out.shape != r.shape:
         out.resize_(r.shape)
     out.copy_(r)
@@ -108,7 +114,7 @@ def arange_shifted(start, end, *, dtype=None, layout=None, device=None, pin_memo
 @kernel("arange.start_out")
 def arange_start_out(start, end, step=1, *, out):
     r = torch.ops.aten.arange.start_step(start, end, step, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 @kernel("arange.out")
@@ -184,7 +190,7 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
 @kernel("linspace.out")
 def linspace_out(start, end, steps, *, out):
     r = torch.ops.aten.linspace.default(start, end, steps, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 @lower("logspace", "logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
@@ -196,7 +202,7 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
 @kernel("logspace.out")
 def logspace_out(start, end, steps, base=10.0, *, out):
     r = torch.ops.aten.logspace.default(start, end, steps, base, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 # --- full / zeros / ones / scalar_tensor / eye -----------------------------

@@ -8,7 +8,8 @@ into the CPU oracle's process. It imports nothing of torchtpu. The environment s
   `{"id", "outcome", "message", "where", "seconds"}` line after it, flushed at once, so that the
   parent process knows which test was running when a process hangs or dies.
 - TORCHTPU_PT_CLASS_SUFFIX: keep only the test classes `instantiate_device_type_tests` made for
-  this device (`CPU`, `PRIVATEUSE1`); device-agnostic classes (TestNN, TestAutograd) are dropped.
+  this device (`CPU`; `PRIVATEUSE1,TPU`: the class is named after the backend's registered name
+  for some classes, the key's for others); device-agnostic classes (TestNN, TestAutograd) are dropped.
 - TORCHTPU_PT_DONE: a file of test ids already recorded by an earlier process of the same run
   (one a line): deselected, so that a restart after a hang or crash goes on from there.
 - TORCHTPU_PT_SAMPLE: a fraction in (0, 1]: keep the tests whose device-free name hashes below
@@ -43,7 +44,7 @@ _DEV = re.compile(r"_(cpu|tpu)(?=_|$)")
 def key_of(test_id: str) -> str:
     """`test_x.py::TestFooPRIVATEUSE1::test_y_tpu_float32` -> `TestFoo::test_y_DEV_float32`."""
     parts = test_id.split("::")
-    cls = re.sub(r"(CPU|PRIVATEUSE1)$", "", parts[-2]) if len(parts) > 2 else ""
+    cls = re.sub(r"(CPU|PRIVATEUSE1|TPU)$", "", parts[-2]) if len(parts) > 2 else ""
     return f"{cls}::{_DEV.sub('_DEV', parts[-1])}"
 
 
@@ -63,7 +64,8 @@ def _log(record: dict) -> None:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    suffix = os.environ.get("TORCHTPU_PT_CLASS_SUFFIX")
+    suffix = tuple(os.environ.get("TORCHTPU_PT_CLASS_SUFFIX", "").split(",")) if os.environ.get(
+        "TORCHTPU_PT_CLASS_SUFFIX") else None
     done = set()
     done_file = os.environ.get("TORCHTPU_PT_DONE")
     if done_file and os.path.exists(done_file):
