@@ -40,9 +40,9 @@ from .pytorch_tests_plugin import key_of
 
 # The share of each file's device-generic tests a default sweep runs (OpInfo-parametrized files
 # hold tens of thousands: a deterministic sample by test name, the same on CPU and tpu).
-SAMPLE = {"test_view_ops": 0.2, "test_type_promotion": 0.08, "test_shape_ops": 1.0,
-          "test_binary_ufuncs": 0.003, "test_unary_ufuncs": 0.0015, "test_reductions": 0.008,
-          "test_tensor_creation_ops": 0.12, "test_nn": 0.12, "test_autograd": 0.5}
+SAMPLE = {"test_view_ops": 0.3, "test_type_promotion": 0.15, "test_shape_ops": 1.0,
+          "test_binary_ufuncs": 0.005, "test_unary_ufuncs": 0.0025, "test_reductions": 0.012,
+          "test_tensor_creation_ops": 0.2, "test_nn": 0.2, "test_autograd": 0.75}
 
 FILES = ("test_view_ops", "test_type_promotion", "test_shape_ops", "test_binary_ufuncs",
          "test_unary_ufuncs", "test_reductions", "test_tensor_creation_ops", "test_nn", "test_autograd")
