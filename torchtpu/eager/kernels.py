@@ -561,21 +561,22 @@ def _boxed_fallback(op, *args, **kwargs):
 
 
 def new_zeros_with_same_feature_meta(self, other, self_num_batch_dims=0):
-    """Forward AD's tangent of a primal's layout (make_dual). The composite sizes it from
-    `other.storage().nbytes()`, which is 0 for a tpu storage (its bytes live in the storage
-    table), and then fails as_strided's bounds check: the table's size is used instead."""
-    numel = storage.lookup(other).nbytes // other.element_size()
+    """Forward AD's tangent of a primal's layout (make_dual, copy_): zeros with `other`'s
+    options, sizes, strides and storage size. The composite reads `other.storage().nbytes()`,
+    which is 0 for a tpu storage (its bytes live in the storage table), and then fails
+    as_strided's bounds check: the table's size is used instead. `other` may be a CPU primal
+    (copy_ of a tpu dual into a CPU tensor): its tangent is made on CPU."""
+    on_tpu = other.device.type == self.device.type
+    numel = (storage.lookup(other).nbytes if on_tpu else other.untyped_storage().nbytes()) // other.element_size()
     off = other.storage_offset()
-    if self_num_batch_dims == 0:
-        base = torch.zeros(numel, dtype=self.dtype, device=other.device)
-        return as_strided(base, other.shape, other.stride(), off)
     batch = tuple(self.shape[:self_num_batch_dims])
     strides, prod = [], numel
     for n in reversed(batch):  # the batch slices laid out one after another
         strides.insert(0, prod)
         prod *= n
     base = torch.zeros(prod, dtype=other.dtype, device=other.device)
-    return as_strided(base, batch + tuple(other.shape), tuple(strides) + tuple(other.stride()), off)
+    size, stride = batch + tuple(other.shape), tuple(strides) + tuple(other.stride())
+    return as_strided(base, size, stride, off) if on_tpu else base.as_strided(size, stride, off)
 
 
 def register_runtime() -> None:
