@@ -509,7 +509,8 @@ def test_heaviside_polar_mixed_dtypes_raise_as_on_cpu(mode):
     # tensors of different dtypes that the meta kernels accept; tpu computed a result
     calls = [lambda i, v, o: torch.heaviside(i, v), lambda i, v, o: i.heaviside(v),
              lambda i, v, o: torch.heaviside(i, v, out=o), lambda i, v, o: i.clone().heaviside_(v),
-             lambda i, v, o: torch.polar(i.float(), v.double())]
+             lambda i, v, o: torch.polar(i.float(), v.double()),
+             lambda i, v, o: torch.polar(v.long(), v.long()), lambda i, v, o: torch.polar(v.bool(), v.bool())]
     i, v = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float16), torch.tensor([3, 4, 5], dtype=torch.int8)
     with torchtpu.eager_mode(mode):
         for call in calls:

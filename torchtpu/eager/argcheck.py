@@ -146,6 +146,8 @@ def _mixed_dtypes(op, args, kwargs) -> bool:
     if op._schema.name.removeprefix("aten::").rstrip("_") not in _SAME_DTYPE_ON_CPU:
         return False
     dts = {a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
+    if op._schema.name == "aten::polar":  # "Expected both inputs to be Half, Float or Double tensors"
+        return len(dts) > 1 or not dts <= {torch.float16, torch.float32, torch.float64}
     return len(dts) > 1 or any(d.is_complex for d in dts)
 
 

@@ -224,6 +224,8 @@ def _strides_for(size, memory_format) -> tuple:
 
 
 def as_strided(self, size, stride, storage_offset=None):
+    if len(size) != len(stride):  # CPU's setStrided check
+        raise RuntimeError("mismatch in length of strides and shape")
     off = self.storage_offset() if storage_offset is None else storage_offset
     _check_in_bounds(self, size, stride, off)
     return tensors.alias(self, size, stride, off)
