@@ -193,6 +193,8 @@ def cause_of(rec: dict, test_id: str) -> str:
         return "missing error"
     if re.search(r'does not match|Regex didn.t match', msg):
         return "different error message"
+    if "dlpack" in test_id.lower():
+        return "DLPack of tpu tensors (no device pointer to share)"
     if re.search(r"Sparse|sparse_coo|to_sparse|SparseCsr|layout=torch.sparse", msg):
         return "sparse tensors (no sparse layout on tpu)"
     if re.search(r"Quantized|quantize_per|qscheme", msg):
