@@ -674,3 +674,30 @@ def test_range_factories_out_of_same_numel_keep_their_shape(mode):
                 y = torch.zeros(2, 3, dtype=dt, device=T)
                 call(y.narrow(1, 1, 2))
                 assert torch.equal(y.cpu(), x)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_index_put_dtype_mismatch_raises_as_on_cpu(mode):
+    # PyTorch's test_indexing_fail: CPU's index_put refuses a source of another dtype (a lone mask
+    # with a 0-dim value is a masked_fill there, which casts); tpu cast it silently
+    def put_int_into_double(d):
+        a = torch.ones(5, 2, dtype=torch.double, device=d)
+        a[:, [1]] = torch.zeros(5, 1, dtype=torch.int, device=d)
+
+    def put_long_0dim(d):
+        torch.ones(5, dtype=torch.double, device=d)[[0, 1]] = torch.tensor(3)
+
+    def accumulate_double_into_float(d):
+        torch.ones(5, device=d).index_put_((torch.tensor([0], device=d),),
+                                           torch.tensor([1.0], dtype=torch.double, device=d), accumulate=True)
+
+    with torchtpu.eager_mode(mode):
+        for call in (put_int_into_double, put_long_0dim, accumulate_double_into_float):
+            for d in ("cpu", T):
+                with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes match"):
+                    call(d)
+        a = torch.ones(5, dtype=torch.double)
+        b = a.to(T)
+        a[a > 0] = torch.tensor(3)  # masked_fill: cast
+        b[b > 0] = torch.tensor(3)
+        assert torch.equal(b.cpu(), a)
