@@ -519,3 +519,23 @@ def test_heaviside_polar_mixed_dtypes_raise_as_on_cpu(mode):
             with pytest.raises(RuntimeError, match=str(want.value).splitlines()[0][:40]):
                 call(to_tpu(i), to_tpu(v), torch.empty_like(to_tpu(i)))
         torch.testing.assert_close(torch.heaviside(to_tpu(i), to_tpu(i)).cpu(), torch.heaviside(i, i))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_add_sub_alpha_checks_as_on_cpu(mode):
+    # PyTorch's test_alpha_mismatch: torch.add(bool, bool, alpha=1.1) computed on tpu (the meta
+    # kernel misses the bool case of CPU's alpha_check)
+    with torchtpu.eager_mode(mode):
+        for dt in (torch.bool, torch.int32, torch.float32, torch.complex64):
+            for alpha in (1.1, True, 2, 1j):
+                for op in (torch.add, torch.sub):
+                    if op is torch.sub and dt == torch.bool:
+                        continue
+                    x = torch.ones(4, dtype=dt)
+                    try:
+                        want = op(x, x, alpha=alpha)
+                    except RuntimeError as err:
+                        with pytest.raises(RuntimeError, match=str(err)[:40]):
+                            op(to_tpu(x), to_tpu(x), alpha=alpha)
+                        continue
+                    torch.testing.assert_close(op(to_tpu(x), to_tpu(x), alpha=alpha).cpu(), want)

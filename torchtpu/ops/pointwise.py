@@ -92,6 +92,24 @@ def sub(self, other, alpha=1):
     return self - other * alpha
 
 
+def _alpha_check(self, other, alpha=1):
+    # CPU's alpha_check on the result dtype; the meta kernel misses the bool-input case
+    # (PyTorch's test_alpha_mismatch: torch.add(bool, bool, alpha=1.1) computed on tpu)
+    if type(alpha) is int or alpha is None:
+        return
+    dt = torch.result_type(self, other)
+    if isinstance(alpha, bool) and dt != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if not (dt.is_floating_point or dt.is_complex or isinstance(alpha, (bool, int))):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if isinstance(alpha, complex) and not dt.is_complex:
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
+for _name in ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar"):
+    LOWERINGS[_name].check = _alpha_check
+
+
 @lower("rsub.Tensor", "rsub.Scalar", promote=DEFAULT)
 def rsub(self, other, alpha=1):
     if _is_one(alpha):
