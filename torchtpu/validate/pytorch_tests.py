@@ -294,6 +294,16 @@ def write_markdown(path: Path, files: dict, meta: dict) -> None:
         lines += [f"| {c} | {n} |" for c, n in causes.most_common()]
     else:
         lines.append("None.")
+    lines += ["", "What the causes mean:", "",
+              "- *sparse tensors*, *quantized tensors*, *dtype XLA lacks* (complex32/chalf, the bits and",
+              "  uint16-64 types), *DLPack*: what a tpu tensor cannot be (XLA has no sparse layouts, no",
+              "  quantized or complex32 dtypes; a tpu tensor has no device pointer to share). A float16",
+              "  tensor plus a Python complex promotes to complex32, so `test_result_type` for",
+              "  float16/complex pairs lands under *missing error* (the sum raised where CPU computes).",
+              "- *missing error*: CPU raises and tpu returned a value: a bug (argument checks belong in",
+              "  torchtpu/eager/argcheck.py or the lowering).",
+              "- *multi-device (issue 34)*: the test needs a second tpu device.",
+              ""]
     for name, f in files.items():
         if not f["failures"]:
             continue
