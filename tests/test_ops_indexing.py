@@ -281,6 +281,26 @@ def test_nonzero_masked_select(dtype):
     check(lambda x, m: x[:, :1].masked_select(m), x, m)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_nonzero_out_keeps_a_strided_out(mode):
+    # PyTorch's test_nonzero_discontiguous: an out= of the right size keeps its strides and its
+    # storage (resize_ to the same sizes is a no-op on CPU); tpu used to make it contiguous
+    x = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]])
+    n = int(x.count_nonzero())
+
+    def run(x):
+        out = torch.zeros(n, 4, dtype=torch.long, device=x.device)[:, ::2]
+        torch.nonzero(x, out=out)
+        return out, out.stride()
+
+    with torchtpu.eager_mode(mode):
+        (got, got_stride), (want, want_stride) = check(run, x, both=True)
+    assert got_stride == want_stride == (4, 2)
+    t = torch.ones(2, 3, device=T).t()
+    assert t.resize_(3, 2).stride() == (1, 3)  # the same sizes: strides kept, as on CPU
+    assert t.resize_(2, 3).stride() == (3, 1)
+
+
 def test_nonzero_static():
     x = torch.tensor([0, 1, 0, 3])
     check(lambda x: torch.nonzero_static(x, size=3), x)
@@ -621,3 +641,63 @@ def test_like_factories_honour_an_explicit_cpu_device():
         assert fn(x, device="cpu").device.type == "cpu"
         assert fn(x).device.type == T
     assert x.new_ones((2, 3), device="cpu").device.type == "cpu"
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_linspace_logspace_infer_complex_and_exact_integral_steps(mode):
+    # PyTorch's test_linspace_deduction: a complex start or end infers the complex default dtype;
+    # test_linspace: an integral linspace(0, 999999, 1000000) must be exact (XLA divided by the
+    # constant steps - 1 as a multiply by its inexact float64 reciprocal: 0, 0, 1, 2, ...)
+    with torchtpu.eager_mode(mode):
+        for fn in (torch.linspace, torch.logspace):
+            for start, end in [(1j, 2j), (0.0, 2j), (1j, 2), (1, 2), (1.0, -2.0)]:
+                want = fn(start, end, 7)
+                got = fn(start, end, 7, device=T)
+                assert got.dtype == want.dtype
+                torch.testing.assert_close(got.cpu(), want)
+        for dt in (torch.int32, torch.int64, torch.float64):
+            want = torch.linspace(0, 999999, 1000000, dtype=dt)
+            assert torch.equal(torch.linspace(0, 999999, 1000000, dtype=dt, device=T).cpu(), want)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_range_factories_out_of_same_numel_keep_their_shape(mode):
+    # PyTorch's test_linspace/test_logspace: linspace(0, 3, 4, out=x.narrow(1, 1, 2)) fills the
+    # (2, 2) view in its own order, as CPU does; tpu resized it to (4,) and lost the view
+    calls = [lambda o: torch.linspace(0, 3, 4, out=o), lambda o: torch.logspace(0, 3, 4, base=2, out=o),
+             lambda o: torch.arange(0, 4, out=o)]
+    with torchtpu.eager_mode(mode):
+        for dt in (torch.int32, torch.float32):
+            for call in calls:
+                x = torch.zeros(2, 3, dtype=dt)
+                call(x.narrow(1, 1, 2))
+                y = torch.zeros(2, 3, dtype=dt, device=T)
+                call(y.narrow(1, 1, 2))
+                assert torch.equal(y.cpu(), x)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_index_put_dtype_mismatch_raises_as_on_cpu(mode):
+    # PyTorch's test_indexing_fail: CPU's index_put refuses a source of another dtype (a lone mask
+    # with a 0-dim value is a masked_fill there, which casts); tpu cast it silently
+    def put_int_into_double(d):
+        a = torch.ones(5, 2, dtype=torch.double, device=d)
+        a[:, [1]] = torch.zeros(5, 1, dtype=torch.int, device=d)
+
+    def put_long_0dim(d):
+        torch.ones(5, dtype=torch.double, device=d)[[0, 1]] = torch.tensor(3)
+
+    def accumulate_double_into_float(d):
+        torch.ones(5, device=d).index_put_((torch.tensor([0], device=d),),
+                                           torch.tensor([1.0], dtype=torch.double, device=d), accumulate=True)
+
+    with torchtpu.eager_mode(mode):
+        for call in (put_int_into_double, put_long_0dim, accumulate_double_into_float):
+            for d in ("cpu", T):
+                with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes match"):
+                    call(d)
+        a = torch.ones(5, dtype=torch.double)
+        b = a.to(T)
+        a[a > 0] = torch.tensor(3)  # masked_fill: cast
+        b[b > 0] = torch.tensor(3)
+        assert torch.equal(b.cpu(), a)

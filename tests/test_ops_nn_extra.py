@@ -281,6 +281,21 @@ def test_upsample_bilinear2d_aa_scale():
           torch.randn(1, 2, 9, 10), grad=(0,))
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_upsample_bilinear2d_aa_uint8(mode):
+    # PyTorch's test_upsamplingBiLinear2d_consistency: uint8 images came back all zeros (the float
+    # weights were cast to uint8); CPU's fixed-point kernel is matched to within 1
+    x = torch.randint(0, 256, (1, 3, 40, 40), dtype=torch.uint8)
+    for size in ((13, 7), (60, 60)):
+        want = F.interpolate(x, size=size, mode="bilinear", antialias=True)
+        with torchtpu.eager_mode(mode):
+            got = F.interpolate(_tpu(x), size=size, mode="bilinear", antialias=True).cpu()
+        assert got.dtype == torch.uint8
+        torch.testing.assert_close(got.float(), want.float(), atol=1, rtol=0)
+        ref = F.interpolate(x.float(), size=size, mode="bilinear", antialias=True).round()
+        assert (got.float() - ref).abs().max() <= 1
+
+
 # --- rrelu ------------------------------------------------------------------------------------
 
 

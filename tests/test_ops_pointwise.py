@@ -482,3 +482,60 @@ def test_special_values_and_reduced_precision_math():
     check(torch.isfinite, torch.tensor([1 + 1j, complex("nan"), complex("inf")], dtype=torch.complex64))
     check(lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0), torch.tensor([float("nan"), float("inf"), -float("inf")]))
     check(torch.nan_to_num, torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float16))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("fn", [torch.nn.functional.elu_, torch.nn.functional.celu_])
+def test_inplace_elu_negative_alpha_backward_raises(mode, fn):
+    # PyTorch's test_elu_inplace_with_neg_alpha: CPU's elu_backward kernel (not its meta function)
+    # refuses is_result with alpha < 0; tpu returned a gradient
+    for dev in ("cpu", "tpu"):
+        with torchtpu.eager_mode(mode):
+            a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+            b = fn(a.clone(), alpha=-2)
+            with pytest.raises(RuntimeError, match="call out-of-place version"):
+                b.backward(torch.ones(2, device=dev))
+    grads = []
+    for dev in ("cpu", "tpu"):
+        a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+        fn(a.clone(), alpha=2).backward(torch.ones(2, device=dev))
+        grads.append(a.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_heaviside_polar_mixed_dtypes_raise_as_on_cpu(mode):
+    # PyTorch's test_heaviside and test_torch_complex_same_dtype_error: CPU's kernels refuse
+    # tensors of different dtypes that the meta kernels accept; tpu computed a result
+    calls = [lambda i, v, o: torch.heaviside(i, v), lambda i, v, o: i.heaviside(v),
+             lambda i, v, o: torch.heaviside(i, v, out=o), lambda i, v, o: i.clone().heaviside_(v),
+             lambda i, v, o: torch.polar(i.float(), v.double()),
+             lambda i, v, o: torch.polar(v.long(), v.long()), lambda i, v, o: torch.polar(v.bool(), v.bool())]
+    i, v = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float16), torch.tensor([3, 4, 5], dtype=torch.int8)
+    with torchtpu.eager_mode(mode):
+        for call in calls:
+            with pytest.raises(RuntimeError) as want:
+                call(i, v, torch.empty_like(i))
+            with pytest.raises(RuntimeError, match=str(want.value).splitlines()[0][:40]):
+                call(to_tpu(i), to_tpu(v), torch.empty_like(to_tpu(i)))
+        torch.testing.assert_close(torch.heaviside(to_tpu(i), to_tpu(i)).cpu(), torch.heaviside(i, i))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_add_sub_alpha_checks_as_on_cpu(mode):
+    # PyTorch's test_alpha_mismatch: torch.add(bool, bool, alpha=1.1) computed on tpu (the meta
+    # kernel misses the bool case of CPU's alpha_check)
+    with torchtpu.eager_mode(mode):
+        for dt in (torch.bool, torch.int32, torch.float32, torch.complex64):
+            for alpha in (1.1, True, 2, 1j):
+                for op in (torch.add, torch.sub):
+                    if op is torch.sub and dt == torch.bool:
+                        continue
+                    x = torch.ones(4, dtype=dt)
+                    try:
+                        want = op(x, x, alpha=alpha)
+                    except RuntimeError as err:
+                        with pytest.raises(RuntimeError, match=str(err)[:40]):
+                            op(to_tpu(x), to_tpu(x), alpha=alpha)
+                        continue
+                    torch.testing.assert_close(op(to_tpu(x), to_tpu(x), alpha=alpha).cpu(), want)

@@ -603,3 +603,17 @@ def test_native_dropout_backward_dtypes(own_ops_native, dtype):
     a = torch.ops.aten.native_dropout_backward(g.to("tpu"), m.to("tpu"), 2.5)
     assert a.dtype == e.dtype
     torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_normal_negative_std_tensor_raises_at_the_call(mode):
+    # PyTorch's test_normal_std_error: CPU (and CUDA) check a std tensor's elements at the call;
+    # tpu returned samples
+    with torchtpu.eager_mode(mode):
+        for dev in ("cpu", "tpu"):
+            mean = torch.tensor(0.0, device=dev)
+            std = torch.tensor(-1.0, device=dev)
+            for call in (lambda: torch.normal(0, std), lambda: torch.normal(mean, std)):
+                with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
+                    call()
+        assert torch.normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")).shape == (3,)

@@ -113,3 +113,35 @@ def test_live_buffers_flat_over_1000_steps():
     gc.collect()
     assert storage.live_buffers() == start_buffers
     assert torch.tpu.memory_allocated() == start_bytes
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_forward_ad_make_dual(mode):
+    # PyTorch's test_copy_forward_ad_broadcasting and gradcheck(check_forward_ad=True):
+    # make_dual sized the tangent from storage().nbytes(), 0 on tpu, and failed as_strided's check
+    import torch.autograd.forward_ad as fwAD
+
+    p, t = torch.randn(3, 4), torch.randn(3, 4)
+    want = 2 * torch.cos(2 * p.t()) * t.t()
+    with torchtpu.eager_mode(mode), fwAD.dual_level():
+        d = fwAD.make_dual(p.to("tpu").t(), t.to("tpu").t())
+        _, tangent = fwAD.unpack_dual((d * 2).sin())
+        torch.testing.assert_close(tangent.cpu(), want)
+        x = torch.zeros(1, 3, 3, device="tpu")
+        x.copy_(fwAD.make_dual(torch.ones(3, device="tpu"), torch.full((3,), 5.0, device="tpu")))
+        assert fwAD.unpack_dual(x).tangent.cpu().eq(5).all()
+
+
+def test_forward_ad_copy_of_a_tpu_dual_into_a_cpu_tensor():
+    # PyTorch's test_copy_forward_ad_same_layout_copies_grad: the CPU primal's tangent is made
+    # with the CPU primal's options (tpu read a device buffer the CPU tensor has not)
+    import torch.autograd.forward_ad as fwAD
+
+    tangent = torch.tensor([[5.0], [6.0]], device="tpu")
+    with fwAD.dual_level():
+        x = fwAD.make_dual(torch.tensor([[3.0], [4.0]], device="tpu"), tangent)
+        non_dual = torch.tensor([[1.0], [2.0]])
+        non_dual.copy_(x)
+        got = fwAD.unpack_dual(non_dual).tangent
+        assert got is not tangent and got.device.type == "cpu"
+        torch.testing.assert_close(got, tangent.cpu())

@@ -266,3 +266,13 @@ def test_partial_writes_into_big_storages_are_in_place_and_never_corrupt_aliases
     held = big.detach()  # same storage: sees the write, as on the CPU
     big[5000:5002].fill_(7.0)
     assert held.cpu()[5000].item() == 7.0
+
+
+def test_as_strided_length_mismatch_raises_as_on_cpu():
+    # PyTorch's test_strided_mismatched_stride_shape: tpu made a view from mismatched lists
+    for shape, strides in [((1,), ()), ((1, 2), (1,))]:
+        for dev in ("cpu", "tpu"):
+            with pytest.raises(RuntimeError, match="mismatch in length of strides and shape"):
+                torch.tensor(0.42, device=dev).as_strided(shape, strides)
+            with pytest.raises(RuntimeError, match="mismatch in length of strides and shape"):
+                torch.tensor(0.42, device=dev).as_strided_(shape, strides)

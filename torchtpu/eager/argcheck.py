@@ -62,7 +62,8 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
     if op.__name__ in SKIP:
         return
     # meta kernels do not make every overlap check CPU kernels make: overlapping calls ask CPU
-    overlaps = ask_cpu or _overlaps(op, args, kwargs) or _narrow_float(op, args, kwargs)
+    overlaps = (ask_cpu or _overlaps(op, args, kwargs) or _narrow_float(op, args, kwargs)
+                or _mixed_dtypes(op, args, kwargs))
     meta_err = None
     try:
         margs, mkwargs = _convert(args, kwargs, _meta_of)
@@ -132,6 +133,22 @@ def check_once(op: torch._ops.OpOverload, args, kwargs, key, ask_cpu: bool = Fal
     check(op, args, kwargs, ask_cpu)
     if key is not None and len(_passed) < _MAX_PASSED:
         _passed.add(key)
+
+
+# Ops whose CPU kernel refuses tensors of different dtypes (or complex ones) that their meta
+# kernel accepts: heaviside ("not yet implemented for tensors with different dtypes", out= and
+# in-place too), polar ("Expected object of scalar type Float but got scalar type Double for
+# second argument"). Such a call asks CPU, once per signature.
+_SAME_DTYPE_ON_CPU = {"heaviside", "polar"}
+
+
+def _mixed_dtypes(op, args, kwargs) -> bool:
+    if op._schema.name.removeprefix("aten::").rstrip("_") not in _SAME_DTYPE_ON_CPU:
+        return False
+    dts = {a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
+    if op._schema.name == "aten::polar":  # "Expected both inputs to be Half, Float or Double tensors"
+        return len(dts) > 1 or not dts <= {torch.float16, torch.float32, torch.float64}
+    return len(dts) > 1 or any(d.is_complex for d in dts)
 
 
 def odd_out_dtype(args, kwargs, outs) -> bool:

@@ -223,6 +223,8 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 def resize_(self, size, memory_format=None):
     size = tuple(size)
+    if memory_format is None and tuple(self.shape) == size:
+        return self  # as on CPU: the same sizes keep the tensor's strides (an out= view stays one)
     entry = storage.lookup(self)
     needed = self.storage_offset() + math.prod(size)
     storage.resize(entry, needed)
@@ -242,6 +244,8 @@ def _strides_for(size, memory_format) -> tuple:
 
 
 def as_strided(self, size, stride, storage_offset=None):
+    if len(size) != len(stride):  # CPU's setStrided check
+        raise RuntimeError("mismatch in length of strides and shape")
     off = self.storage_offset() if storage_offset is None else storage_offset
     _check_in_bounds(self, size, stride, off)
     return tensors.alias(self, size, stride, off)
@@ -606,7 +610,27 @@ def _boxed_fallback(op, *args, **kwargs):
     return fallback.run_on_cpu(op, args, kwargs)
 
 
+def new_zeros_with_same_feature_meta(self, other, self_num_batch_dims=0):
+    """Forward AD's tangent of a primal's layout (make_dual, copy_): zeros with `other`'s
+    options, sizes, strides and storage size. The composite reads `other.storage().nbytes()`,
+    which is 0 for a tpu storage (its bytes live in the storage table), and then fails
+    as_strided's bounds check: the table's size is used instead. `other` may be a CPU primal
+    (copy_ of a tpu dual into a CPU tensor): its tangent is made on CPU."""
+    on_tpu = other.device.type == self.device.type
+    numel = (storage.lookup(other).nbytes if on_tpu else other.untyped_storage().nbytes()) // other.element_size()
+    off = other.storage_offset()
+    batch = tuple(self.shape[:self_num_batch_dims])
+    strides, prod = [], numel
+    for n in reversed(batch):  # the batch slices laid out one after another
+        strides.insert(0, prod)
+        prod *= n
+    base = torch.zeros(prod, dtype=other.dtype, device=other.device)
+    size, stride = batch + tuple(other.shape), tuple(strides) + tuple(other.stride())
+    return as_strided(base, size, stride, off) if on_tpu else base.as_strided(size, stride, off)
+
+
 def register_runtime() -> None:
+    _impl("_new_zeros_with_same_feature_meta", new_zeros_with_same_feature_meta)
     _impl("empty.memory_format", empty_memory_format)
     _impl("empty_strided", empty_strided)
     _impl("resize_", resize_)

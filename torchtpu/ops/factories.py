@@ -11,6 +11,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 import torch
 
 from ..runtime.jaxenv import to_jax_dtype
@@ -23,7 +24,13 @@ def _default():
     return torch.get_default_dtype()
 
 
-def _into(out, r):
+def _into(out, r, by_numel=False):
+    """Copy r into out. by_numel (arange, linspace, logspace): as CPU, an out with r's number of
+    elements keeps its shape and strides and is filled in its own element order (linspace into a
+    narrowed 2-d view); only one of another size is resized to r's."""
+    if by_numel and out.numel() == r.numel():
+        out.copy_(r.reshape(out.shape))
+        return out
     if out.shape != r.shape:
         out.resize_(r.shape)
     out.copy_(r)
@@ -107,7 +114,7 @@ def arange_shifted(start, end, *, dtype=None, layout=None, device=None, pin_memo
 @kernel("arange.start_out")
 def arange_start_out(start, end, step=1, *, out):
     r = torch.ops.aten.arange.start_step(start, end, step, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 @kernel("arange.out")
@@ -123,8 +130,15 @@ def _steps_check(steps):
         raise RuntimeError("number of steps must be non-negative")
 
 
+def _is_complex_value(v) -> bool:
+    return isinstance(v, complex) or (hasattr(v, "dtype") and jnp.iscomplexobj(v))
+
+
 def _space(start, end, steps, dtype, base=None):
-    dtype = dtype or _default()
+    if dtype is None:  # as CPU infers it: a complex start or end gives the default complex dtype
+        dtype = _default()
+        if _is_complex_value(start) or _is_complex_value(end):
+            dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     jdt = to_jax_dtype(dtype)
     if steps == 0:
         return jnp.zeros((0,), jdt)
@@ -152,7 +166,9 @@ def _space(start, end, steps, dtype, base=None):
     if steps == 1:
         v = jnp.reshape(s, (1,))
     else:
-        step = rnd((e - s) / jnp.asarray(steps - 1, cdt))
+        # the barrier keeps XLA from dividing by a constant as a multiply by its reciprocal, which
+        # is inexact in float64 (an integral linspace(0, 999999, 1000000) came out 0, 0, 1, 2, ...)
+        step = rnd((e - s) / lax.optimization_barrier(jnp.asarray(steps - 1, cdt)))
         idx = jnp.arange(steps, dtype=jnp.int64)
         half = steps // 2
         lo = rnd(s + rnd(step * idx.astype(cdt)))
@@ -174,7 +190,7 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
 @kernel("linspace.out")
 def linspace_out(start, end, steps, *, out):
     r = torch.ops.aten.linspace.default(start, end, steps, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 @lower("logspace", "logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
@@ -186,7 +202,7 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
 @kernel("logspace.out")
 def logspace_out(start, end, steps, base=10.0, *, out):
     r = torch.ops.aten.logspace.default(start, end, steps, base, dtype=out.dtype, device=out.device)
-    return _into(out, r)
+    return _into(out, r, by_numel=True)
 
 
 # --- full / zeros / ones / scalar_tensor / eye -----------------------------

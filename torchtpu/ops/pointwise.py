@@ -29,6 +29,7 @@ from .registry import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
     DEFAULT,
+    LOWERINGS,
     INT_TO_FLOAT,
     NO_OPMATH,
     lower,
@@ -89,6 +90,24 @@ def sub(self, other, alpha=1):
     if _is_one(alpha):
         return self - other
     return self - other * alpha
+
+
+def _alpha_check(self, other, alpha=1):
+    # CPU's alpha_check on the result dtype; the meta kernel misses the bool-input case
+    # (PyTorch's test_alpha_mismatch: torch.add(bool, bool, alpha=1.1) computed on tpu)
+    if type(alpha) is int or alpha is None:
+        return
+    dt = torch.result_type(self, other)
+    if isinstance(alpha, bool) and dt != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if not (dt.is_floating_point or dt.is_complex or isinstance(alpha, (bool, int))):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if isinstance(alpha, complex) and not dt.is_complex:
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
+for _name in ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar"):
+    LOWERINGS[_name].check = _alpha_check
 
 
 @lower("rsub.Tensor", "rsub.Scalar", promote=DEFAULT)
@@ -887,6 +906,19 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
     else:
         neg = g * input_scale * negcoef * jnp.exp(x * input_scale)
     return jnp.where(x <= 0, neg, g * scale)
+
+
+def _elu_backward_check(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    # CPU's kernel (not its meta function) refuses the backward of an in-place elu_/celu_ with a
+    # negative alpha: the input cannot be recovered from the result there
+    if is_result and float(alpha) < 0:
+        raise RuntimeError(
+            "In-place elu backward calculation is triggered with a negative slope which is not "
+            "supported. This is caused by calling in-place forward function with a negative slope, "
+            "please call out-of-place version instead.")
+
+
+LOWERINGS["elu_backward"].check = _elu_backward_check
 
 
 @lower("celu", promote=DEFAULT)

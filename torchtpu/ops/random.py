@@ -27,7 +27,7 @@ import torch
 from ..runtime.jaxenv import to_jax_dtype
 from . import checks
 from ._common import is_complex as _is_complex, is_float as _is_float, scalar_type_name
-from .registry import lower
+from .registry import LOWERINGS, lower
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
@@ -112,6 +112,17 @@ def normal_tensor_tensor(mean, std, generator=None, key=None):
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
     z = _standard_normal(key, shape, mean.dtype)
     return (mean.astype(z.dtype) + z * std.astype(z.dtype)).astype(mean.dtype)
+
+
+def _check_std_tensor(mean, std, *args, **kwargs):
+    # CPU and CUDA read the std tensor's minimum on the host (a sync) and raise at the call; a
+    # device-side check would raise only at the next host read, after the call returned
+    if isinstance(std, torch.Tensor) and std.numel() and bool((std < 0).any()):
+        raise RuntimeError("normal expects all elements of std >= 0.0")
+
+
+LOWERINGS["normal.float_Tensor"].check = _check_std_tensor
+LOWERINGS["normal.Tensor_Tensor"].check = _check_std_tensor
 
 
 def _factory_dtype(dtype):

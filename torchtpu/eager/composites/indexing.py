@@ -8,7 +8,9 @@ import warnings
 
 import torch
 
+from ...ops._common import scalar_type_name
 from ...ops.indexing import INDEX, INDEX_PUT
+from ...runtime.jaxenv import to_jax_dtype
 from ...ops.registry import kernel
 from ...runtime.jaxenv import NARROW_FLOATS
 from ..argcheck import narrow_float_refusal
@@ -107,6 +109,14 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
             _check_mask_shape(self, masks[0], pos[0])
         else:
             indices = _expand_masks(self, indices)
+    if values.dtype != self.dtype and not (
+            not accumulate and values.dim() == 0 and len(masks) == 1
+            and sum(a is not None for a in indices) == 1):
+        # CPU's index_put iterator (a lone mask with a 0-dim value is a masked_fill, which casts)
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(to_jax_dtype(self.dtype))} for the destination and "
+            f"{scalar_type_name(to_jax_dtype(values.dtype))} for the source.")
     if values.device.type == "cpu" and values.dim() == 0:
         values = values.to(self.device)
     execute(INDEX_PUT, (self, indices, values, accumulate, unsafe), {})
