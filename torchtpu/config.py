@@ -131,6 +131,9 @@ class Config:
                             "a failed or timed-out collective ends the process; `0` only records it",
                             read="use")
     # tools
+    pytorch_tests: Optional[str] = _var("TORCHTPU_PYTORCH_TESTS", "unset", _path,
+                                        "directory of PyTorch's test files that `python -m torchtpu.validate "
+                                        "pytorch_tests` runs (default: ../shared/pytorch_tests)", read="use")
     titan_assets: Optional[str] = _var("TORCHTPU_TITAN_ASSETS", "unset", _path,
                                        "directory of `python -m torchtpu.validate titan assets DIR` (tokenizer "
                                        "and dataset TorchTitan's configs read)", read="use")

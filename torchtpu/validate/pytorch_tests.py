@@ -35,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .. import config
 from .progress import Progress
 from .pytorch_tests_plugin import key_of
 
@@ -52,7 +53,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_tests_dir() -> Path:
-    env = os.environ.get("TORCHTPU_PYTORCH_TESTS")
+    env = config.read("pytorch_tests")
     if env:
         return Path(env)
     for cand in (REPO.parent / "shared" / "pytorch_tests", REPO.parent.parent / "shared" / "pytorch_tests",
@@ -109,9 +110,9 @@ def run_one(tests_dir: Path, name: str, device: str, work: Path, timeout: int, m
     env = dict(os.environ)
     env.update({
         "PYTORCH_TESTING_DEVICE_ONLY_FOR": only_for,
-        "TORCHTPU_PT_LOG": str(log), "TORCHTPU_PT_CLASS_SUFFIX": suffix,
-        "TORCHTPU_PT_DONE": str(done_file), "TORCHTPU_PT_TIMEOUT": str(timeout),
-        "TORCHTPU_PT_SAMPLE": str(sample),
+        "PTSWEEP_LOG": str(log), "PTSWEEP_CLASS_SUFFIX": suffix,
+        "PTSWEEP_DONE": str(done_file), "PTSWEEP_TIMEOUT": str(timeout),
+        "PTSWEEP_SAMPLE": str(sample),
         "PYTHONPATH": os.pathsep.join([str(REPO), str(tests_dir), str(_plugin_dir(work))] +
                                       ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
         "PYTHONUNBUFFERED": "1",

@@ -4,17 +4,17 @@ It is loaded as a top-level module (`-p torchtpu_pt_plugin`, a link to this file
 work directory), never through the torchtpu package: importing torchtpu would load the backend
 into the CPU oracle's process. It imports nothing of torchtpu. The environment steers it:
 
-- TORCHTPU_PT_LOG: a JSONL file; one `{"start": id}` line before each test and one
+- PTSWEEP_LOG: a JSONL file; one `{"start": id}` line before each test and one
   `{"id", "outcome", "message", "where", "seconds"}` line after it, flushed at once, so that the
   parent process knows which test was running when a process hangs or dies.
-- TORCHTPU_PT_CLASS_SUFFIX: keep only the test classes `instantiate_device_type_tests` made for
+- PTSWEEP_CLASS_SUFFIX: keep only the test classes `instantiate_device_type_tests` made for
   this device (`CPU`; `PRIVATEUSE1,TPU`: the class is named after the backend's registered name
   for some classes, the key's for others); device-agnostic classes (TestNN, TestAutograd) are dropped.
-- TORCHTPU_PT_DONE: a file of test ids already recorded by an earlier process of the same run
+- PTSWEEP_DONE: a file of test ids already recorded by an earlier process of the same run
   (one a line): deselected, so that a restart after a hang or crash goes on from there.
-- TORCHTPU_PT_SAMPLE: a fraction in (0, 1]: keep the tests whose device-free name hashes below
+- PTSWEEP_SAMPLE: a fraction in (0, 1]: keep the tests whose device-free name hashes below
   it (the same tests on every device), for files too long to run whole.
-- TORCHTPU_PT_TIMEOUT: seconds a test may run (SIGALRM: a test stuck in Python code fails with
+- PTSWEEP_TIMEOUT: seconds a test may run (SIGALRM: a test stuck in Python code fails with
   PerTestTimeout; one stuck in C code is killed by the parent's watchdog instead).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ class PerTestTimeout(Exception):
 
 
 _LOG = None
-_TIMEOUT = int(os.environ.get("TORCHTPU_PT_TIMEOUT", "0") or 0)
+_TIMEOUT = int(os.environ.get("PTSWEEP_TIMEOUT", "0") or 0)
 _RESULTS: dict = {}
 
 
@@ -54,7 +54,7 @@ def sampled(test_id: str, fraction: float) -> bool:
 
 def _log(record: dict) -> None:
     global _LOG
-    path = os.environ.get("TORCHTPU_PT_LOG")
+    path = os.environ.get("PTSWEEP_LOG")
     if not path:
         return
     if _LOG is None:
@@ -64,14 +64,14 @@ def _log(record: dict) -> None:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    suffix = tuple(os.environ.get("TORCHTPU_PT_CLASS_SUFFIX", "").split(",")) if os.environ.get(
-        "TORCHTPU_PT_CLASS_SUFFIX") else None
+    suffix = tuple(os.environ.get("PTSWEEP_CLASS_SUFFIX", "").split(",")) if os.environ.get(
+        "PTSWEEP_CLASS_SUFFIX") else None
     done = set()
-    done_file = os.environ.get("TORCHTPU_PT_DONE")
+    done_file = os.environ.get("PTSWEEP_DONE")
     if done_file and os.path.exists(done_file):
         with open(done_file) as f:
             done = {line.strip() for line in f if line.strip()}
-    fraction = float(os.environ.get("TORCHTPU_PT_SAMPLE", "1") or 1)
+    fraction = float(os.environ.get("PTSWEEP_SAMPLE", "1") or 1)
     keep, drop = [], []
     for item in items:
         cls = item.cls.__name__ if item.cls is not None else ""
