@@ -42,6 +42,12 @@ def result_dtypes(kind, *vals, select=False):
     """(computation dtype, result dtype) as numpy dtypes, for values in `vals`."""
     proxies = [proxy(v) for v in vals if v is not None]
     comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+    if res == torch.complex32:
+        # float16 with a Python complex: complex32 tensors are served whole by eager/carried.py,
+        # but a result that only promotion makes complex32 would come out as its uint32 carrier
+        raise TypeError("torchtpu: dtype torch.complex32 is not supported as a promoted result on the tpu "
+                        "device (float16 with a complex scalar); cast the float16 operand to complex32 "
+                        "or complex64 first")
     if comp in _FLOAT8 and not select:  # c10 computes float8 arithmetic in float32, rounding once
         comp = torch.float32
     elif comp == torch.float4_e2m1fn_x2:  # CPU compares packed float4 by its bytes
