@@ -1,4 +1,5 @@
 import os
+import warnings
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -70,3 +71,19 @@ def check(fn, *args, atol=None, rtol=None, equal_nan=False, check_dtype=True, ch
     assert_same(tpu, cpu, atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype,
                 check_stride=check_stride)
     return (to_cpu(tpu), cpu) if both else tpu
+
+
+def run_in_mode(mode, fn, *args):
+    """fn on the tpu copies of args in `mode`; the result back on the CPU
+    ("compile": torch.compile(fn, backend="tpu"), eager in strict)."""
+    targs = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode == "compile":
+            torch._dynamo.reset()
+            with torchtpu.eager_mode("strict"):
+                out = torch.compile(fn, backend="tpu")(*targs)
+        else:
+            with torchtpu.eager_mode(mode):
+                out = fn(*targs)
+        return out.cpu() if isinstance(out, torch.Tensor) else out

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import run_in_mode as run
 from torchtpu.runtime.jaxenv import BITS, SUB_BYTE
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
@@ -24,20 +25,6 @@ def _modes(first_fast=("strict", "compile")):
 _BITS_VIEW = {torch.complex32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
               torch.float32: torch.int32, torch.float64: torch.int64, torch.complex64: torch.int64,
               torch.complex128: torch.float64}
-
-
-def run(mode, fn, *args):
-    targs = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if mode == "compile":
-            torch._dynamo.reset()
-            with torchtpu.eager_mode("strict"):
-                out = torch.compile(fn, backend="tpu")(*targs)
-        else:
-            with torchtpu.eager_mode(mode):
-                out = fn(*targs)
-        return out.cpu() if isinstance(out, torch.Tensor) else out
 
 
 def cpu(fn, *args):

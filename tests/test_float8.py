@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import run_in_mode as run
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -27,21 +28,6 @@ def _modes_by_dtype(dtypes):
                          id=f"{d}-{m}") for d in dtypes for m in MODES]
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
              torch.float16: torch.int16}
-
-
-def run(mode, fn, *args):
-    """fn on the tpu copies of args in `mode`; the result back on the CPU."""
-    targs = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if mode == "compile":
-            torch._dynamo.reset()
-            with torchtpu.eager_mode("strict"):
-                out = torch.compile(fn, backend="tpu")(*targs)
-        else:
-            with torchtpu.eager_mode(mode):
-                out = fn(*targs)
-        return out.cpu() if isinstance(out, torch.Tensor) else out
 
 
 def bits(t):
