@@ -24,8 +24,6 @@ storages (and leaving other devices untouched) makes every caller work:
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -76,10 +74,7 @@ def _storage_new(orig):
             raise RuntimeError(f"UntypedStorage: size must be non-negative, got {size}")
         from ..runtime import tensors
 
-        if placement.spread():
-            with placement.on(idx):
-                st = tensors.empty((size,), torch.uint8).untyped_storage()
-        else:
+        with placement.at(idx, "UntypedStorage"):
             st = tensors.empty((size,), torch.uint8).untyped_storage()
         _entry(st).untyped = True
         if data is not None:
@@ -103,7 +98,7 @@ def _storage_copy(orig):
 
         if dst_tpu:
             entry = _entry(self)
-            with placement.on(entry.index) if placement.spread() else contextlib.nullcontext():
+            with placement.at(entry.index, "UntypedStorage.copy_"):
                 if src_tpu:
                     s = _entry(src)
                     buf = transfer.buffer(s)

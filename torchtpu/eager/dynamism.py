@@ -150,10 +150,8 @@ def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     bump("transfers_to_device")
     bump("bytes_to_device", padded.nbytes)
     buf = jax.device_put(padded.reshape(-1), placement.jax_device(entry.index))
-    if placement.spread():  # on the tensor's own device, whichever op runs now
-        with placement.on(entry.index):
-            return tensors.empty(shape, t.dtype, buf=buf)
-    return tensors.empty(shape, t.dtype, buf=buf)
+    with placement.at(entry.index):  # on the tensor's own device, whichever op runs now
+        return tensors.empty(shape, t.dtype, buf=buf)
 
 
 def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:

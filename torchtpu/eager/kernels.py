@@ -198,10 +198,7 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
     _check_device(device, "empty")
     if pin_memory:
         raise RuntimeError("empty: pin_memory is not supported for tpu tensors")
-    if placement.spread():
-        with placement.on(placement.index_of(device, "empty")):
-            t = tensors.empty(size, dtype or torch.get_default_dtype())
-    else:
+    with placement.at(device, "empty"):
         t = tensors.empty(size, dtype or torch.get_default_dtype())
     if memory_format in (torch.channels_last, torch.channels_last_3d):  # a fresh buffer: strides only
         tensors.set_geometry(t, t.untyped_storage(), t.shape, _strides_for(tuple(t.shape), memory_format), 0)
@@ -212,10 +209,7 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     _check_device(device, "empty_strided")
     dtype = dtype or torch.get_default_dtype()
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
-    if placement.spread():
-        with placement.on(placement.index_of(device, "empty_strided")):
-            base = tensors.empty((extent,), dtype)
-    else:
+    with placement.at(device, "empty_strided"):
         base = tensors.empty((extent,), dtype)
     tensors.set_geometry(base, base.untyped_storage(), size, stride, 0)
     return base

@@ -50,9 +50,7 @@ def from_jax(a) -> torch.Tensor:
         metrics.bump("bytes_to_device", a.nbytes)
     dtype = jaxenv.to_torch_dtype(a.dtype)
     flat = a.reshape(-1) if a.ndim != 1 else a
-    if index == 0 and not placement.spread():
-        return tensors.empty(a.shape, dtype, flat)
-    with placement.on(placement.index_of(index, "from_jax")):
+    with placement.at(index, "from_jax"):
         return tensors.empty(a.shape, dtype, flat)
 
 

@@ -25,12 +25,10 @@ from . import chips, jaxenv  # noqa: F401  (jaxenv first: it runs chips.configur
 
 _spread = [False]   # some tensor, op or current device is not tpu:0
 _chosen = [False]   # the program has set a current device
-_default_set: list = []   # the guard's default device was set to this process's one chip
 _devices: list = []
 
 
-if chips.slot() is not None:  # given one chip of a shared host: it is tpu:<local rank>
-    _spread[0] = True
+_NOT_SPREAD = contextlib.nullcontext()
 
 
 class _Active(threading.local):
@@ -122,14 +120,9 @@ def current() -> int:
     if not _spread[0]:
         return 0
     try:
-        g = _guard()
+        return _guard().current()
     except ImportError:
         return 0
-    shared = chips.slot()
-    if shared is not None and not _default_set:
-        g.set_default(shared[0])  # every thread's current device, until it sets one
-        _default_set.append(True)
-    return g.current()
 
 
 def check_index(index: int, what: str, n: int | None = None) -> None:
@@ -213,6 +206,14 @@ def on(index: int):
         _active.index = prev
 
 
+def at(device, op: str = "tpu"):
+    """The context in which something made outside an op (a factory kernel, a storage, a
+    buffer brought from the host) is made on `device` (an index, a torch.device, or None: the
+    current one): `on` it once more than tpu:0 is in use, else nothing."""
+    index = index_of(device, op)
+    return on(index) if _spread[0] else _NOT_SPREAD
+
+
 def same_device_error(a: int, b, op: str) -> RuntimeError:
     other = b if isinstance(b, str) else f"tpu:{b}"
     return RuntimeError(
@@ -255,6 +256,18 @@ def _torch_device():
     return torch.device
 
 
+def _adopt_launch() -> None:
+    # a process given one chip of a shared host (runtime/chips.py) is tpu:<local rank>: that is
+    # every thread's current device until it sets one
+    shared = chips.slot()
+    if shared is not None:
+        _spread[0] = True
+        try:
+            _guard().set_default(shared[0])
+        except ImportError:
+            pass
+
+
 def _announce_count() -> None:
     # The autograd engine sizes its per-device worker threads from the guard's count at the first
     # backward, which may come before anything here asks JAX for its devices: the guard is told
@@ -265,4 +278,5 @@ def _announce_count() -> None:
         pass
 
 
+_adopt_launch()
 _announce_count()
