@@ -6,7 +6,8 @@ import torch
 from jax._src.interpreters import pxla
 
 import torchtpu
-from torchtpu.eager import deferred, executor
+from torchtpu.eager import executor
+from torchtpu.runtime import executables
 
 
 def _rss_mb() -> float:
@@ -53,7 +54,7 @@ def test_op_cache_is_an_lru_whose_evictions_release_code(bound):
     torchtpu.reset_metrics()
     _shapes(40)
     assert torchtpu.metrics()["executables_evicted"] >= 40 - 16
-    mul = [k for k in executor._cache if k[0] == "mul.Tensor"]
+    mul = [k for k in executor._cache if k.op == "mul.Tensor"]
     assert len(mul) <= 16 and len(executor._cache) <= 64
     # the compiled code is gone too, not only our reference to it
     assert _live_jax_executables() <= 64 + 8
@@ -85,14 +86,14 @@ def test_fused_region_cache_is_bounded(bound):
     for _ in range(10):
         ref = ref * 1.5 + 1
     torch.testing.assert_close(got, ref)
-    assert len(deferred._fused_cache) <= 4
+    assert len(executables.regions) <= 4
     assert torchtpu.metrics()["executables_evicted"] >= 6
 
 
 def test_clear_caches_and_limit_api(bound):
     (torch.ones(3, device="tpu") * 3).cpu()
     torchtpu.clear_caches()
-    assert executor.cache_size() == 0 and len(deferred._fused_cache) == 0
+    assert executor.cache_size() == 0 and len(executables.regions) == 0
     torch.testing.assert_close((torch.ones(3, device="tpu") * 3).cpu(), torch.full((3,), 3.0))
     with pytest.raises(ValueError, match="per_op"):
         torchtpu.set_executable_limit(per_op=0)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.runtime import donation, storage
+from torchtpu.runtime import donation, executables, storage
 
 SUPPORTED = {(3, 11), (3, 12), (3, 13)}
 
@@ -60,9 +60,7 @@ def test_strict_partial_write_donates_only_a_buffer_nothing_else_holds():
 
 
 def _donating_regions():
-    from torchtpu.eager import deferred
-
-    return [k for k in deferred._fused_cache if k[3]]
+    return [k for k in executables.regions if k.donated]
 
 
 def test_deferred_region_donates_overwritten_inputs_but_not_held_ones(monkeypatch):
@@ -72,14 +70,14 @@ def test_deferred_region_donates_overwritten_inputs_but_not_held_ones(monkeypatc
     p = torch.ones(1000, device="tpu")
     torch.tpu.synchronize()  # p is a buffer (as a parameter is), not still pending, under either default mode
     with torchtpu.eager_mode("defer_and_fuse"):
-        deferred._fused_cache.clear()
+        executables.regions.clear()
         # an earlier test may have marked mul or add as churning (its regions are replayed op
         # by op, without donation) in this process
         deferred.forget_signatures()
         p.mul_(2.0).add_(1.0)
         torch.tpu.synchronize()
         assert _donating_regions()  # the old parameter buffer went to XLA
-        deferred._fused_cache.clear()
+        executables.regions.clear()
         held = storage.lookup(p).buf
         p.mul_(2.0).add_(1.0)
         torch.tpu.synchronize()

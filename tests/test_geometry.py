@@ -83,7 +83,7 @@ def _values(rng, n: int, dtype) -> np.ndarray:
 
 
 # (storage dtype, view dtype): the same dtype, and a view over another dtype's bytes
-# (same itemsize, smaller, larger; bool and complex have their own paths in geometry._bitcast)
+# (same itemsize, smaller, larger; bool and complex have their own paths in geometry.bitcast)
 DTYPES = [(np.float32, np.float32), (np.int64, np.int64), (np.float32, np.int32), (np.int32, np.int16),
           (np.int16, np.int32), (np.uint8, np.bool_), (np.complex64, np.float32), (np.float32, np.complex64)]
 

@@ -32,7 +32,7 @@ def _restore_precision():
 def _eager_program(name):
     """The jitted program strict eager keeps for op `name` (its newest signature), and the
     avals of a call."""
-    compiled = [c for k, c in list(executor._cache.items()) if k[0] == name][-1]  # the newest
+    compiled = [c for k, c in list(executor._cache.items()) if k.op == name][-1]  # the newest
     store_specs, inited = compiled.key[5], compiled.key[6]
     bufs = tuple(jax.ShapeDtypeStruct((n,), dt) if i else None for (n, dt), i in zip(store_specs, inited))
     counts = [0, 0, 0, 0]

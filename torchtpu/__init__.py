@@ -166,7 +166,7 @@ def clear_caches() -> None:
     _c.clear_registered()  # every module-level cache (runtime/cache.register)
     _jax.clear_caches()
     _c.evict({}, ())
-    _c._trim_heap()
+    _c.trim_heap()
 
 
 def metrics() -> dict:

@@ -74,19 +74,19 @@ def _meta_of(node_or_val):
     size it was traced at)."""
     v = node_or_val.meta.get("val") if isinstance(node_or_val, torch.fx.Node) else node_or_val
     sizes = _SIZES.get()
-    if sizes and isinstance(v, torch.Tensor) and _has_symbols(v):
+    if sizes and isinstance(v, torch.Tensor) and has_symbols(v):
         try:
-            return _at_sizes(v, sizes)
+            return at_sizes(v, sizes)
         except TypeError:  # a size no input names (data-dependent, unbacked): the traced value
             return v
     return v
 
 
-def _has_symbols(v) -> bool:
+def has_symbols(v) -> bool:
     return any(isinstance(n, torch.SymInt) for n in (*v.shape, *v.stride(), v.storage_offset()))
 
 
-def _at_sizes(v, sizes) -> torch.Tensor:
+def at_sizes(v, sizes) -> torch.Tensor:
     """A meta tensor laid out as the fake `v`, its symbolic sizes, strides and offset evaluated."""
     def ev(n):
         return int(n.node.expr.subs(sizes)) if isinstance(n, torch.SymInt) else int(n)
@@ -96,7 +96,7 @@ def _at_sizes(v, sizes) -> torch.Tensor:
     return torch.empty(span, dtype=v.dtype, device="meta").as_strided(shape, stride, offset)
 
 
-def _bind_sizes(placeholders, inputs) -> dict:
+def bind_sizes(placeholders, inputs) -> dict:
     """Each size symbol of the graph's inputs -> its value in `inputs`: SymInt inputs, the shapes of
     arrays (inside a program) or tensors, and tensors' strides (a caller's real inputs)."""
     import sympy
@@ -128,7 +128,7 @@ class Program:
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         # traced over sizes Dynamo made symbolic: traced values are read at each call's sizes
-        self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
+        self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and has_symbols(v))
                             for v in (n.meta.get("val") for n in self.placeholders))
         self.n_random = 0
         self.fallback_ops: list[str] = []
@@ -185,7 +185,7 @@ class Program:
             skip = host.nodes
         else:
             skip = ()
-        token = _SIZES.set(_bind_sizes(self.placeholders, inputs) if self.symbolic else None)
+        token = _SIZES.set(bind_sizes(self.placeholders, inputs) if self.symbolic else None)
         try:
             return self._walk(env, index, inputs, mutated, base_key, skip)
         finally:

@@ -21,7 +21,7 @@ import torch
 from .. import config
 from ..metrics import bump
 from ..ops import checks as _checks
-from ..runtime import cache as _exe_cache
+from ..runtime import executables
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, launcher, leaf, placement, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
@@ -44,7 +44,7 @@ def _signature(args, skip=frozenset()):
     bufs = []
     entries = []
     offsets = []  # nonzero storage offsets: runtime values, not part of the signature
-    table = storage._table
+    table = storage.table
     for pos, a in enumerate(args):
         if pos in skip:
             sig.append(("none",))
@@ -133,7 +133,7 @@ class CompiledGraph:
                     self.reuse[pos] = ("view", placeholders.index(view[0])) + view[1:]
                 else:
                     first[n] = pos
-        self._jits: dict = {}
+        self._jits = executables.graph_programs(self.label)
         self._lock = threading.Lock()
         # A graph over sizes Dynamo made symbolic that appends to an input and returns it
         # (a decode step over a cache growing each token), or that gets an input with a
@@ -210,7 +210,7 @@ class CompiledGraph:
             # appended to from this call on (growth starts at a cat's output otherwise,
             # one program later, and again for every graph that hands it over)
             a = args[i]
-            entry = storage._table.get(a.untyped_storage()._cdata) if a.device.type == "tpu" else None
+            entry = storage.table.get(a.untyped_storage()._cdata) if a.device.type == "tpu" else None
             if entry is not None:
                 growth.mark_grown(entry)
         with modes.mode("defer_and_fuse"):
@@ -289,10 +289,8 @@ class CompiledGraph:
                     if ctx is not None and ctx.digest:
                         # a new program with collectives: every rank must be about to run the same
                         ctx.group.check_program(f"{ctx.what} ({self.label})", ctx.digest)
-                    got = self._jits[key] = self._make(sig, donate, self.layouts.strides(args, self.out_strides))
-                    if len(self._jits) > _exe_cache.limit("per_op")():
-                        # one graph over ever new shapes (mark_dynamic): oldest programs go first
-                        _exe_cache.evict(self._jits, list(self._jits)[:max(1, len(self._jits) // 8)])
+                    got = self._make(sig, donate, self.layouts.strides(args, self.out_strides))
+                    self._jits.admit(key, got)  # one graph over ever new shapes: oldest programs go first
                     fn = got[0]
                     bump("compiles")
                     bump("compile_graphs")
@@ -363,17 +361,17 @@ class _SymbolicLayouts:
     def __init__(self, placeholders, out_vals):
         self.placeholders = placeholders
         self.outs = {pos: v for pos, v in enumerate(out_vals)
-                     if isinstance(v, torch.Tensor) and v.dim() >= 2 and _graph._has_symbols(v)}
+                     if isinstance(v, torch.Tensor) and v.dim() >= 2 and _graph.has_symbols(v)}
 
     def strides(self, args, traced: list) -> list:
         """`traced` with each symbolic output's strides at these args' sizes (None: contiguous)."""
         if not self.outs:
             return traced
-        sizes = _graph._bind_sizes(self.placeholders, args)
+        sizes = _graph.bind_sizes(self.placeholders, args)
         out = list(traced)
         for pos, v in self.outs.items():
             try:
-                m = _graph._at_sizes(v, sizes)
+                m = _graph.at_sizes(v, sizes)
             except TypeError:  # a size no input names (data-dependent): contiguous, as before
                 continue
             out[pos] = memory_format.laid_out(tuple(m.shape), m.stride())
@@ -414,7 +412,7 @@ def _flagged(declared, flags, writes, results) -> None:
     writes = list(writes)
     for t in results:
         if isinstance(t, torch.Tensor) and t.device.type == "tpu":
-            e = storage._table.get(t.untyped_storage()._cdata)
+            e = storage.table.get(t.untyped_storage()._cdata)
             if e is not None:
                 writes.append((e, e.buf))
     _pending_checks.add(flags, declared, None, writes)

@@ -25,7 +25,7 @@ value is right once the user synchronizes (`torch.tpu.synchronize()`,
 any blocking host read after it. A plain `torch.Stream(device="tpu")` synchronizes
 too (device/streams.py installs it). `cpu_tensor.copy_(tpu_tensor, non_blocking=True)`
 is asynchronous the same way when the destination is pinned, contiguous and of the
-source's dtype and shape (eager/kernels.copy_), and blocking otherwise, as CUDA's from
+source's dtype and shape (eager/runtime_kernels.copy_), and blocking otherwise, as CUDA's from
 pageable memory. A host->device copy out of pinned memory waits for the copies still
 landing (runtime/transfer.to_device_array), as it would queue behind them on CUDA's stream.
 """

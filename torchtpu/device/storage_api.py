@@ -159,7 +159,7 @@ def _storage_data_ptr(orig):
         if self.device.type == "tpu":
             from ..runtime import storage
 
-            entry = storage._table.get(self._cdata)
+            entry = storage.table.get(self._cdata)
             return storage.address(entry) if entry is not None else self._cdata
         return orig(self)
 
@@ -173,7 +173,7 @@ def _storage_nbytes(orig):
         if self.device.type == "tpu":
             from ..runtime import storage
 
-            entry = storage._table.get(self._cdata)
+            entry = storage.table.get(self._cdata)
             if entry is not None and entry.nbytes > n:
                 return entry.nbytes  # the C++ count only grows as views are set over it
         return n
@@ -187,7 +187,7 @@ def _tensor_data_ptr(orig):
         if not self.is_cpu and self.device.type == "tpu":
             from ..runtime import storage
 
-            entry = storage._table.get(self.untyped_storage()._cdata)
+            entry = storage.table.get(self.untyped_storage()._cdata)
             if entry is not None:
                 base = storage.address(entry)
                 return base + self.storage_offset() * self.element_size() if base else 0

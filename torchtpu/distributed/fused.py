@@ -30,6 +30,7 @@ import torch
 from ..eager import deferred, modes, scalars
 from ..runtime import cache as _caches
 from ..runtime import jaxenv, leaf, storage, tensors, transfer
+from ..runtime.signature import NodeOp, Signature
 from ..spmd.functional import LOWERINGS
 from ..spmd.mesh import Context, tpu_group
 from ..spmd.mode import get_collectives
@@ -41,7 +42,7 @@ _state = {"enabled": True}  # False once the ranks disagreed about a region (for
 
 
 def _in_regions() -> bool:
-    return (_state["enabled"] and modes._state["mode"] == "defer_and_fuse"
+    return (_state["enabled"] and modes.state["mode"] == "defer_and_fuse"
             and get_collectives() == "in_graph")
 
 
@@ -71,24 +72,13 @@ _OPS = {
 _REDUCING = {funcol.all_reduce.default: "all_reduce", funcol.reduce_scatter_tensor.default: "reduce_scatter_tensor"}
 
 
-class _Op:
-    """What the deferred recorder reads of an op (a Lowering's name, mode, randomness)."""
-
-    __slots__ = ("name", "mode", "random")
-
-    def __init__(self, name: str):
-        self.name = name
-        self.mode = "functional"
-        self.random = False
-
-
 class _Collective:
     """One collective signature as a region node: its program on this rank's block, its
     output's shape, and a standalone SPMD executable for op-by-op replay."""
 
     def __init__(self, key, op, ctx, static, lf: leaf.Leaf, dtype: torch.dtype, out_shape):
         self.key = key
-        self.skeleton = (key[0], key[1], lf.shape, str(dtype))  # what every rank must agree on
+        self.skeleton = (key.op, key.pos, lf.shape, str(dtype))  # what every rank must agree on
         self.ctx = ctx
         self.outs = [(out_shape, dtype)]
         self.updated = ()
@@ -113,10 +103,10 @@ class _Collective:
         self.fn = fn
 
     def shape_free_key(self):
-        return self.key[:2]
+        return self.key.shape_free()
 
     def describe(self) -> str:
-        return (f"{self.key[0].split('.')[-1]}({', '.join(map(str, self.key[1]))}) on "
+        return (f"{self.key.op.split('.')[-1]}({', '.join(map(str, self.key.pos))}) on "
                 f"{self.skeleton[2]}:{str(self.outs[0][1]).removeprefix('torch.')}")
 
 
@@ -128,7 +118,8 @@ class _Written(_Collective):
 
     def __init__(self, key, pg, name, pkey, make_body, reads, writes, specs):
         self.key = key
-        self.skeleton = (name, pkey, key[2])  # not the views' offsets: each rank has its own
+        self.read_shapes = tuple((lf.shape, str(lf.dtype)) for lf in reads)
+        self.skeleton = (name, pkey, self.read_shapes)  # not the views' offsets: each rank has its own
         self.outs = []
         self.ran = False
         self.updated = updated = tuple(sorted({lf.slot for lf in writes}))
@@ -159,11 +150,10 @@ class _Written(_Collective):
         self.fn = fn
 
     def describe(self) -> str:
-        return f"{self.key[0]}{self.key[1]} on {self.key[2]}"
+        return f"{self.key.op}{self.key.pos} on {self.read_shapes}"
 
 
-_written_low = _Op("c10d.collective")
-_written_low.mode = "inplace"
+_written_low = NodeOp("c10d.collective", "inplace")
 
 
 def recording(pg) -> bool:
@@ -186,8 +176,8 @@ def record_written(pg, name: str, pkey, make_body, inputs, outputs) -> bool:
     entries, geo = leaves.entries, tuple(leaves.leaves)
     reads, writes = geo[:len(inputs)], geo[len(inputs):]
     specs = leaves.specs()
-    key = (name, pkey, tuple((lf.shape, str(lf.dtype)) for lf in reads), geo, specs,
-           tuple(e.buf is not None for e in entries))
+    # how many of the leaves are read decides the program too (the rest are written)
+    key = Signature(name, "inplace", pkey, (), geo, specs, tuple(e.buf is not None for e in entries), (len(reads),))
     ctx = _context(pg)
     node = _nodes.get((key, id(ctx)))
     if node is None:
@@ -235,13 +225,14 @@ def _kernel(op):
         entry = storage.lookup(x)
         static = tuple(tuple(a) if isinstance(a, list) else a for a in args[1:])
         lf = leaf.leaf_of(x, 0)
-        key = (name, static[:-1], lf, entry.numel, str(entry.dtype), x.dtype)
+        key = Signature(name, "functional", static[:-1], (), (lf,), ((entry.numel, str(entry.dtype)),), (),
+                        (x.dtype,))
         ctx = _context(pg)
         node = _nodes.get((key, id(ctx)))
         if node is None:
             node = _nodes[(key, id(ctx))] = _Collective(
                 key, op, ctx, static, lf, x.dtype, out_shape_of(lf.shape, *static))
-        return deferred.record_collective(node, [entry], _ops.setdefault(name, _Op(name)), ctx)[0]
+        return deferred.record_collective(node, [entry], _ops.setdefault(name, NodeOp(name)), ctx)[0]
 
     return kernel
 

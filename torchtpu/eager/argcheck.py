@@ -66,7 +66,7 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
                 or _mixed_dtypes(op, args, kwargs))
     meta_err = None
     try:
-        margs, mkwargs = _convert(args, kwargs, _meta_of)
+        margs, mkwargs = convert(args, kwargs, _meta_of)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*margs, **mkwargs)
@@ -77,15 +77,15 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
         return
     name = str(op).removeprefix("aten.")
     try:
-        cargs, ckwargs = _convert(args, kwargs, _cpu_of)
+        cargs, ckwargs = convert(args, kwargs, cpu_of)
     except Exception:  # noqa: BLE001  (no CPU copy to ask: the meta kernel's own message)
         if meta_err is None:
             return
-        _raise(meta_err, name, args, kwargs)
+        raise_as_cpu(meta_err, name, args, kwargs)
     err = _run_cpu(op, cargs, ckwargs)
     del cargs, ckwargs
     if err is not None:
-        _raise(err, name, args, kwargs)
+        raise_as_cpu(err, name, args, kwargs)
 
 
 def _run_cpu(op, cargs, ckwargs):
@@ -113,7 +113,7 @@ def _run_cpu(op, cargs, ckwargs):
 def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
     """The exception CPU PyTorch raises for this call, or None (it accepts it)."""
     try:
-        cargs, ckwargs = _convert(args, kwargs, _cpu_of)
+        cargs, ckwargs = convert(args, kwargs, cpu_of)
     except Exception:  # noqa: BLE001  (no CPU copy to ask)
         return None
     err = _run_cpu(op, cargs, ckwargs)
@@ -121,7 +121,7 @@ def cpu_error(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
     if err is None:
         return None
     try:
-        _raise(err, str(op).removeprefix("aten."), args, kwargs)
+        raise_as_cpu(err, str(op).removeprefix("aten."), args, kwargs)
     except Exception as named:  # noqa: BLE001
         return named
 
@@ -241,7 +241,7 @@ def _describe(name: str, args, kwargs) -> str:
     return f"{name}({ins})"
 
 
-def _raise(err: BaseException, name: str, args=(), kwargs=None):
+def raise_as_cpu(err: BaseException, name: str, args=(), kwargs=None):
     """Raise CPU's exception (class and message), its message extended by the op, its inputs
     and the user's line, as every torchtpu error names them."""
     from .origin import user_frame as _origin
@@ -271,13 +271,13 @@ def _meta_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
         extent = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
         from ..runtime import storage
 
-        entry = storage._table.get(t.untyped_storage()._cdata)
+        entry = storage.table.get(t.untyped_storage()._cdata)
         numel = entry.numel * entry.dtype.itemsize // t.element_size() if entry is not None else 0
         base = bases[key] = torch.empty(max(numel, extent if t.numel() else 0), dtype=t.dtype, device="meta")
     return _bits(t, base.as_strided(t.shape, t.stride(), t.storage_offset()))
 
 
-def _cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
+def cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
     """A CPU copy of `t` over a CPU copy of its whole storage (sharing kept)."""
     from ..runtime import storage, transfer
     from ..runtime.jaxenv import numpy_to_torch, to_jax_dtype
@@ -309,7 +309,7 @@ def _bits(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return m
 
 
-def _convert(args, kwargs, of):
+def convert(args, kwargs, of):
     bases: dict = {}
     to = "meta" if of is _meta_of else "cpu"
 

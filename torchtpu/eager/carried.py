@@ -76,7 +76,7 @@ def _verdict(op, args, kwargs):
     found = _verdicts.get(key) if key is not None else None
     if found is not None:
         return found
-    cargs, ckwargs = argcheck._convert(args, kwargs, argcheck._cpu_of)
+    cargs, ckwargs = argcheck.convert(args, kwargs, argcheck.cpu_of)
     err, dtypes = None, None
     try:
         import warnings
@@ -91,7 +91,7 @@ def _verdict(op, args, kwargs):
         except Exception:  # noqa: BLE001  (an exception class with its own constructor)
             cpu = RuntimeError(str(e))
         try:
-            argcheck._raise(cpu, str(op).removeprefix("aten."), args, kwargs)
+            argcheck.raise_as_cpu(cpu, str(op).removeprefix("aten."), args, kwargs)
         except Exception as named:  # noqa: BLE001
             err = named
     del cargs, ckwargs

@@ -15,7 +15,6 @@ backward graphs, recorded the same way.
 from __future__ import annotations
 
 import threading
-import types
 
 import torch
 from torch._C import DispatchKey
@@ -26,9 +25,10 @@ from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from .. import metrics
-from ..runtime import cache as _caches
+from ..runtime import executables
 from ..runtime import leaf as _leaf
 from ..runtime import storage
+from ..runtime.signature import NodeOp, Signature
 from . import deferred, modes
 from .op_program import Compiled, jit_packed
 
@@ -53,7 +53,7 @@ class _HopCompiled(Compiled):
     __slots__ = ("node", "low")
 
 
-_cache = _caches.register("control flow executables", _caches.LRU(_caches.limit("per_op")))
+_cache = executables.control_flow
 _lock = threading.Lock()
 
 
@@ -133,13 +133,17 @@ def _record(op, args, kwargs):
     entries = flat.entries
     leaves = tuple(flat.leaves)
     specs = flat.specs()
-    key = (op, _signature(args), _signature(kwargs), leaves, specs)
+    # the operator object itself is part of its program (two ops of one name can differ)
+    key = Signature(f"higher_order.{op.name()}", "functional", (op, _signature(args), _signature(kwargs)), (),
+                    leaves, specs, ())
     compiled = _cache.get(key)
     if compiled is None:
         with _lock:
             compiled = _cache.get(key)
             if compiled is None:
-                compiled = _cache[key] = _compile(op, key, args, kwargs, tensors, leaves, specs)
+                compiled = _compile(op, key, args, kwargs, tensors, leaves, specs)
+                _cache.admit(key, compiled)
+    compiled.used = next(executables.clock)
     outs = deferred.record(compiled, entries, [], compiled.low)
     metrics.bump("control_flow_nodes")
     return torch.utils._pytree.tree_unflatten(list(outs), compiled.node.out_spec)
@@ -165,16 +169,15 @@ def _compile(op, key, args, kwargs, tensors, leaves, specs):
     c.outs = node.outs
     c.structure = "tuple"
     c.updated = ()
-    # the executor's key layout, so the compile-storm guard can read its shape-free part
-    c.key = (f"higher_order.{op.name()}", "functional", key[1:3], (), leaves, specs, ())
+    c.key = key
     c.node = node
-    c.low = types.SimpleNamespace(name=f"higher_order.{op.name()}", mode="functional", random=node.random)
+    c.low = NodeOp(key.op, random=node.random)
     return c
 
 
 def _kernel(op, dense):
     def kernel(*args, **kwargs):
-        if modes._state["mode"] == "defer_and_fuse" and _deferrable(torch.utils._pytree.tree_leaves((args, kwargs))):
+        if modes.state["mode"] == "defer_and_fuse" and _deferrable(torch.utils._pytree.tree_leaves((args, kwargs))):
             return _record(op, args, kwargs)
         return dense(*args, **kwargs)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from ..config import startup
 from ..ops import checks as _checks
 from ..runtime import cache as _caches
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, inflight, launcher, leaf, pending, placement, program_timing, rng, tensors
+from ..runtime import donation, executables, inflight, launcher, leaf, pending, placement, program_timing, rng, tensors
 from ..runtime.pending import Failed, Pending
 from ..spmd.program import spmd as _spmd
 from ..spmd.region_runner import CollectiveRegionRunner
@@ -77,7 +78,15 @@ class _Graph:
 
 
 _graph = _Graph()
-_fused_cache: dict = _caches.register("fused regions", {})  # bounded by the regions limit
+
+
+class RegionKey(NamedTuple):
+    """What a fused region's program is compiled for (its executables.regions key)."""
+
+    nodes: tuple      # per node, (its op executable, where each input comes from)
+    outputs: tuple    # (node, output) of each buffer the region leaves behind
+    scalars: tuple    # the runtime scalars' layout (eager/scalars.py)
+    donated: tuple    # the inputs XLA may overwrite
 
 # Compile-storm guard. A region whose op signatures keep changing shape (greedy decoding
 # with a growing KV cache) never repeats: compiling it fused is wasted work (a minute for
@@ -99,6 +108,8 @@ def forget_signatures() -> None:
     _replayed.clear()
     _churning.clear()
 
+
+executables.ops.on_clear(forget_signatures)  # they hold op executables
 
 
 def pending_count() -> int:
@@ -435,8 +446,8 @@ def _flush(reason: str) -> None:
         g.inputs = None
         g.input_index = None
         donate = _donatable(inputs) if not g.churn else ()
-        fkey = (tuple(g.fingerprint), out_refs, codes, donate)
-        fn = _fused_cache.get(fkey)
+        fkey = RegionKey(tuple(g.fingerprint), out_refs, codes, donate)
+        fn = executables.regions.get(fkey)
         # a region with collectives is never replayed on one rank's own judgement (its fresh
         # signatures can differ from a peer's): every rank fuses it, or all replay it together
         replay = fn is None and g.churn and g.collectives is None
@@ -459,22 +470,21 @@ def _flush(reason: str) -> None:
                 if fn is None:
                     fast = _reshaped(g, out_refs)
                     fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives, fast)
-                    _fused_cache[fkey] = fn
-                    _bound_regions()
+                    executables.regions.admit(fkey, fn)
                     metrics.bump("compiles")
                     metrics.bump("region_compiles")
                 else:
                     metrics.bump("cache_hits")
-                fn.used = next(_flushes)
+                fn.used = next(executables.clock)
                 donated = donation.split(inputs, donate)
                 args = (donated, inputs, _scalars.pack(g.scalars, codes), tuple(g.rngs))
                 if g.collectives is not None:
                     runner = _region_runner()
                     results = launcher.launch(lambda *a: runner.run(g.collectives, fkey, g.nodes, fn, a), args,
-                                              what=what, compiling=fresh, release=(_fused_cache.clear,), timing=timing)
+                                              what=what, compiling=fresh, release=(executables.regions.clear,), timing=timing)
                     metrics.bump("regions_with_collectives")
                 else:
-                    results = launcher.launch(fn, args, what=what, compiling=fresh, release=(_fused_cache.clear,),
+                    results = launcher.launch(fn, args, what=what, compiling=fresh, release=(executables.regions.clear,),
                                               timing=timing)
                 if len(results) > len(out_refs):  # the region's packed check flags
                     flagged = ((results[-1], fn.checks, [n.origin for n in g.nodes]),)
@@ -484,7 +494,7 @@ def _flush(reason: str) -> None:
                 metrics.bump("executions")
                 _fused_sigs.update(g.fresh)
         except Exception as err:
-            _fused_cache.pop(fkey, None)
+            executables.regions.drop(fkey)
             for e, _ in live:
                 e.buf = Failed(err)  # an out-of-memory error is torch's already (runtime/launcher.py)
             raise
@@ -517,20 +527,16 @@ def intercept(name: str, fn) -> None:
     after_flush = fn
 
 
-_flushes = iter(range(1, 1 << 62))
-
 # A region of bucketed ops (a decode step over a KV cache padded to a power-of-two bucket:
-# eager/dynamism.py, eager/growth.py) is compiled again at each bucket edge with the same
-# ops and wiring, only the bucket changed. Compiling it optimized took ~6 s per region on
-# XLA:CPU (~3 regions per edge), most of a 256-token generate's first run; at -O0 without
-# the fusion emitters (op_program's fast options) a 400-op region compiled in 1.8 s, not
-# 12.8 s. The first shape of a structure, the one a warm-up compiles, stays optimized.
-# Regions without bucketed ops (a training step) always compile optimized: a second batch
-# shape there is run as often as the first.
-FAST_REGIONS = True
+# eager/dynamism.py, eager/growth.py) is compiled again at each bucket edge with the same ops
+# and wiring, only the bucket changed. Those recompiles skip XLA's optimizations (op_program's
+# fast options): a fraction of an optimized compile, and little run time lost on a program that
+# runs only until the next edge. The first shape of a structure, the one a warm-up compiles,
+# stays optimized; regions without bucketed ops (a training step) always compile optimized, as
+# a second batch shape there runs as often as the first.
 # A fast-compiled region is compiled optimized once its runs took TIER_UP x its fast compile:
-# an optimized compile of a decode region took 3.5-3.9x the fast one on XLA:CPU (0.9 vs 3.5 s
-# at load ~8), so no more than about twice the best choice in hindsight is ever spent.
+# an optimized compile costs about four fast ones on XLA:CPU, so no more than about twice the
+# best choice in hindsight is spent.
 TIER_UP = 4.0
 _structures = _caches.register("fused region structures", _caches.LRUSet(_caches.limit("regions")))
 
@@ -538,8 +544,6 @@ _structures = _caches.register("fused region structures", _caches.LRUSet(_caches
 def _reshaped(g, out_refs) -> bool:
     """Whether this new region is a bucketed structure compiled before at another bucket
     (its ops' names and wiring; sizes and static arguments may differ)."""
-    if not FAST_REGIONS:
-        return False
     names = tuple(n.name.partition("[dynamic ")[0] for n in g.nodes)  # the padded lowerings' serials
     if len(names) == sum(1 for n in g.nodes if "[dynamic " not in n.name and n.name != "torchtpu::grow_append"):
         return False
@@ -549,16 +553,6 @@ def _reshaped(g, out_refs) -> bool:
         return True
     _structures.add(key)
     return False
-
-
-def _bound_regions() -> None:
-    """Keep the fused-region cache within its bound (runtime/cache.py), least recent first."""
-    from ..runtime import cache
-
-    limit = cache.limit("regions")()
-    if len(_fused_cache) > limit:
-        items = [(k, getattr(f, "used", 0)) for k, f in list(_fused_cache.items())]
-        cache.evict(_fused_cache, cache.least_used(items, max(1, limit // 8)))
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:

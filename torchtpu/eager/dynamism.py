@@ -33,7 +33,7 @@ from ..runtime import cache as _caches
 from ..runtime import leaf as _leaf
 from ..runtime import placement, storage, tensors
 from ..runtime.jaxenv import to_jax_dtype
-from ..runtime.storage import _table
+from ..runtime.storage import table
 from . import executor, extents, growth, modes
 
 MIN_BUCKET = 16
@@ -67,7 +67,7 @@ def _find(t: torch.Tensor):
     """(dim, Dyn) when `t` is a dynamic tensor (or a view keeping the dynamic dim whole)."""
     if t.device.type != "tpu":
         return None
-    entry = _table.get(t.untyped_storage()._cdata)
+    entry = table.get(t.untyped_storage()._cdata)
     info = _marked.get(entry) if entry is not None else None
     if info is None:
         return None
@@ -255,7 +255,7 @@ def execute(low: Lowering, args, kwargs, serve, run):
         t = rules.get(args, kwargs, p)
         shape = list(t.shape)
         shape[d] = info.bucket
-        rules._put(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+        rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
     pkwargs["dyn_n"] = info.n
     bump("dynamic_ops")
     res = run(syn, pargs, pkwargs)
@@ -271,7 +271,7 @@ def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
     """Make a fresh tensor (never written, the whole of its storage: `.to(dtype)`'s empty
     result that copy_ fills) dynamic along `d` before an op writes it, so what is copied
     into it stays in its bucket."""
-    entry = _table.get(t.untyped_storage()._cdata)
+    entry = table.get(t.untyped_storage()._cdata)
     if (entry is None or entry.buf is not None or t.storage_offset() != 0 or t.numel() != entry.numel
             or d >= t.dim() or t.shape[d] != info.n or not t.is_contiguous()):
         return False
@@ -391,7 +391,7 @@ def vary_index(low: Lowering, args, kwargs):
         # only where the result stays a contiguous tensor (its varying dim outermost but for
         # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
         return args
-    entry = _table.get(idx.untyped_storage()._cdata)
+    entry = table.get(idx.untyped_storage()._cdata)
     if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(idx.dtype):
         return args  # a value of a deferred region (reading it would end the region), a view of another dtype
     bump("dynamic_indices")
@@ -491,7 +491,7 @@ def _movable(t: torch.Tensor) -> bool:
     """Whether `t` may move to a new storage: no other tensor (a view) shares its storage,
     whose writes would no longer reach it; no autograd history; a computed buffer."""
     s = t.untyped_storage()
-    entry = _table.get(s._cdata)
+    entry = table.get(s._cdata)
     return (entry is not None and isinstance(entry.buf, jax.Array) and not t.requires_grad
             and t.grad_fn is None and _use_count(s._cdata) <= _ALONE)
 

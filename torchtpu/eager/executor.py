@@ -1,7 +1,7 @@
 """Strict eager: each ATen op runs at once as its own compiled XLA executable.
 
 A call is flattened into (storage buffers, tensor leaves, runtime scalars, static
-arguments: eager/op_args.py). The static part is the cache key (eager/op_cache.py) of
+arguments: eager/op_args.py). The static part is the cache key (runtime/signature.py) of
 the op's executable (eager/op_program.py), which reads every input view out of its
 storage buffer, runs the lowering and, for in-place ops, writes the result back into
 the mutated storage, all inside one jax.jit. JAX's async dispatch keeps this
@@ -20,10 +20,11 @@ from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
 from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, tensors
+from ..runtime.executables import clock
+from ..runtime.executables import ops as _cache
+from ..runtime.signature import Signature
 from . import argcheck, deferred, extents, growth, memory_format, modes, scalars
 from .op_args import flatten
-from .op_cache import admit, cache_size, clear_cache, clock, drop
-from .op_cache import cache as _cache  # noqa: F401  (tests read the cache here)
 from .op_errors import describe, user_error
 from .op_program import PACKED_DTYPES as _PACKED_DTYPES  # noqa: F401  (tests build avals with it)
 from .op_program import Compiled, abstract, build, donating, fast_compile, jit_packed, partial_writes
@@ -31,6 +32,9 @@ from .origin import user_frame, where
 from .recordable import count_run
 
 __all__ = ["execute", "cache_size", "clear_cache", "count_run", "Compiled", "jit_packed"]
+
+
+_signature = tuple.__new__  # a Signature without NamedTuple's Python-level __new__ (per op call)
 
 
 def _flush_for_precision():
@@ -112,8 +116,8 @@ def _execute(low: Lowering, args, kwargs):
     store_specs = flat.specs()
     inited = tuple([e.buf is not None for e in entries])
     # the default dtype decides result dtypes (uint8 + 5.5, int / int, 1j * x): part of the key
-    key = (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited, _checks._enabled[0],
-           torch.get_default_dtype(), bucketed)
+    key = _signature(Signature, (low.name, low.mode, pos, kw, tuple(flat.leaves), store_specs, inited,
+                                 (_checks.enabled_cell[0], torch.get_default_dtype(), bucketed)))
     compiled = _cache.get(key)
     if compiled is None:
         if low.own_schema:
@@ -123,14 +127,14 @@ def _execute(low: Lowering, args, kwargs):
         compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,
                                  memory_format.result_strides(low, args, kwargs), bucketed)
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
-        admit(key, compiled)
+        _cache.admit(key, compiled)
     compiled.used = next(clock)
-    if modes._state["mode"] == "defer_and_fuse":
+    if modes.state["mode"] == "defer_and_fuse":
         if compiled.updated is None:
             try:
                 abstract(compiled, entries, low.random)
             except Exception as err:
-                drop(key)
+                _cache.drop(key)
                 raise user_error(err, low, flat.tensors, args, kwargs) from err
         outs = deferred.record(compiled, entries, flat.dyn, low, gen)
         return _finish(low, compiled, args, kwargs, outs)
@@ -138,13 +142,13 @@ def _execute(low: Lowering, args, kwargs):
 
 
 def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
-    mode = modes._state["mode"]
+    mode = modes.state["mode"]
     entries = flat.entries
     rngdata = rng.next_key_data(gen) if low.random else ()
     bufs = tuple([pending.concrete(e, "strict_op") for e in entries])
     donate = ()
     if compiled.partial is None:
-        compiled.partial = partial_writes(low, key[2], key[3], flat.leaves, entries) \
+        compiled.partial = partial_writes(low, key.pos, key.kw, flat.leaves, entries) \
             if low.mode == "inplace" and low.mutated else ()
         compiled.donating = {}
     if compiled.partial:
@@ -170,10 +174,10 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
             if modes.debug_nans():
                 _check_nans(low, flat, outs, updated)
     except torch.OutOfMemoryError:
-        drop(key)
+        _cache.drop(key)
         raise
     except Exception as err:
-        drop(key)
+        _cache.drop(key)
         raise user_error(err, low, flat.tensors, args, kwargs) from err
     count_run(compiled)
     metrics.bump("executions")
@@ -202,6 +206,15 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         written.append((e, e.buf))
     _flagged(compiled, mode, written, flags)
     return _finish(low, compiled, args, kwargs, results)
+
+
+def cache_size() -> int:
+    return len(_cache)
+
+
+def clear_cache() -> None:
+    """Drop every strict op executable (and the fused regions built over them)."""
+    _cache.clear()
 
 
 _RELEASE = (clear_cache,)  # what a compile on a short heap may drop first

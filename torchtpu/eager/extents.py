@@ -122,7 +122,7 @@ def plan(low, flat, pos, kw):
             continue
         e_ = flat.entries[lf.slot]
         fit = (e_.dtype == lf.dtype and all(s >= 0 for s in lf.stride)
-               and off + geometry._extent(grown, lf.stride) <= e_.numel)
+               and off + geometry.extent_of(grown, lf.stride) <= e_.numel)
         if not fit and (i == ti or math.prod(lf.shape) >= e_.numel):
             # the window would leave the written storage; or the operand is a whole tensor,
             # whose storage's size is in the program's signature anyway

@@ -104,7 +104,7 @@ def cat(low, args, kwargs, run):
     if got is None:
         return run(low, args, kwargs)
     a, b, d = got
-    entry = storage._table.get(a.untyped_storage()._cdata)
+    entry = storage.table.get(a.untyped_storage()._cdata)
     inner = math.prod(a.shape[d + 1:])
     if (entry is None or entry not in _grown or a.storage_offset() != 0 or not a.is_contiguous()
             or not b.is_contiguous() or inner == 0 or b.numel() == 0):

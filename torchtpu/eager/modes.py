@@ -23,21 +23,21 @@ def _from_env() -> str:
     return mode
 
 
-_state = {"mode": _from_env(), "debug_nans": startup.debug_nans}
+state = {"mode": _from_env(), "debug_nans": startup.debug_nans}
 
 
 def get() -> str:
-    return _state["mode"]
+    return state["mode"]
 
 
 def set(mode: str) -> None:  # noqa: A001 - mirrors the public set_eager_mode
     if mode not in MODES:
         raise ValueError(f"set_eager_mode: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     with _lock:
-        old = _state["mode"]
+        old = state["mode"]
         if old == "defer_and_fuse" and mode != old:
             pending.materialize("mode_change")  # (eager/deferred.py's flush)
-        _state["mode"] = mode
+        state["mode"] = mode
 
 
 @contextlib.contextmanager
@@ -51,8 +51,8 @@ def mode(name: str):
 
 
 def debug_nans() -> bool:
-    return _state["debug_nans"]
+    return state["debug_nans"]
 
 
 def set_debug_nans(enabled: bool) -> None:
-    _state["debug_nans"] = bool(enabled)
+    state["debug_nans"] = bool(enabled)

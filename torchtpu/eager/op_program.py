@@ -19,9 +19,11 @@ from .. import metrics
 from ..config import startup
 from ..ops import checks as _checks
 from ..ops import registry
+from ..ops._common import scalar_type_name
 from ..ops.registry import Lowering
 from ..runtime import cache as _caches
 from ..runtime import donation, rng
+from ..runtime import executables as _executables
 from ..runtime import leaf as _leaf
 from ..runtime.jaxenv import to_torch_dtype
 from . import extents, memory_format, scalars
@@ -40,18 +42,15 @@ class Compiled:
         self.structure = None  # "none" | "one" | "tuple" | "list"
         self.updated = None  # storage indices an in-place op writes (known after a trace)
         self.ran = False  # fn has run once (so XLA compiled it): later runs are cache hits
-        self.key = None  # the cache key (geometry, static args): see shape_free_key
+        self.key = None  # its runtime/signature.Signature: the cache key
         self.partial = None  # storages an in-place op writes only part of, in big buffers
         self.donating = None  # donation pattern -> jit that may overwrite those buffers
         self.checks = ()  # the device-side checks its lowering declared (learned at trace)
         self.used = 0  # the op clock at its last call: the cache evicts the least recent
 
     def shape_free_key(self):
-        """The cache key without sizes, strides and offsets: calls of one op that differ
-        only in geometry share it (a growing KV cache gives one such key many keys)."""
-        name, mode, pos, kw, leaves, specs, inited = self.key[:7]
-        return (name, mode, pos, kw, tuple((lf.slot, len(lf.shape), lf.dtype, lf.flags) for lf in leaves),
-                tuple(sp[1] for sp in specs), inited) + self.key[7:]
+        """The signature without sizes, strides and offsets (runtime/signature.py)."""
+        return self.key.shape_free()
 
 
 def _cast_to(x, dtype, op_name, target_name):
@@ -66,10 +65,7 @@ def _cast_to(x, dtype, op_name, target_name):
 
 
 def _pretty(dt: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
-            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.complex64: "ComplexFloat", torch.uint8: "Byte", torch.int8: "Char",
-            torch.int16: "Short", torch.complex128: "ComplexDouble"}.get(dt, str(dt))
+    return scalar_type_name(dt)
 
 
 def build(low: Lowering, pos, kw, leaves, store_specs, compiled: Compiled, layouts=None, bucketed=None):
@@ -170,7 +166,7 @@ def _write_back(low, result, pos, kw, leaves, offsets, bufs, kept=None):
     return {s: bufs[s] for s in touched}
 
 
-PACKED_DTYPES = tuple(np.dtype(d) for d in scalars._DTYPES)
+PACKED_DTYPES = tuple(np.dtype(d) for d in scalars.DTYPES)
 _RNG_AVALS = (jax.ShapeDtypeStruct((), np.uint32),) * 3
 
 
@@ -204,6 +200,7 @@ FAST_AFTER = startup.fast_compile_after
 _FAST_OPTIONS = {"xla_backend_optimization_level": 0}
 _FAST_OPTIONS_CPU = dict(_FAST_OPTIONS, xla_cpu_use_fusion_emitters=False)
 shapes_seen: dict = _caches.register("eager op shapes seen", {})  # shape-free key -> executables made for it
+_executables.ops.on_clear(shapes_seen.clear)
 
 
 def fast_options() -> dict:

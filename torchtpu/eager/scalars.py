@@ -17,7 +17,7 @@ from ..runtime import cache as _caches
 # kind code -> (numpy dtype, weakly typed like a Python scalar of that kind)
 _KINDS = {bool: (0, np.bool_, False), int: (1, np.int64, True), float: (2, np.float64, True),
           complex: (3, np.complex128, True)}
-_DTYPES = [np.bool_, np.int64, np.float64, np.complex128]
+DTYPES = [np.bool_, np.int64, np.float64, np.complex128]
 _WEAK = [False, True, True, True]
 
 
@@ -59,7 +59,7 @@ def pack(values, codes) -> tuple:
     buckets = ([], [], [], [])
     for v, c in zip(values, codes):
         buckets[c].append(v)
-    return tuple(np.array(b, dtype=_DTYPES[k]) if b else None for k, b in enumerate(buckets))
+    return tuple(np.array(b, dtype=DTYPES[k]) if b else None for k, b in enumerate(buckets))
 
 
 def unpack(packed, codes) -> list:

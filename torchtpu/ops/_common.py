@@ -72,10 +72,13 @@ def wrap_dim(d: int, ndim: int) -> int:
 _SCALAR_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
                       "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
                       "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64", "bool": "Bool",
-                      "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+                      "complex32": "ComplexHalf",
+                      "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2",
+                      "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 
 
 def scalar_type_name(dt) -> str:
-    """c10's name of a dtype, as PyTorch's kernel errors print it ("Long", "Float")."""
-    name = jnp.dtype(dt).name
+    """c10's name of a dtype (a JAX/NumPy dtype or a torch.dtype), as PyTorch's kernel errors
+    print it ("Long", "Float")."""
+    name = str(dt).removeprefix("torch.") if type(dt).__module__ == "torch" else jnp.dtype(dt).name
     return _SCALAR_TYPE_NAMES.get(name, name)

@@ -28,16 +28,16 @@ import jax.numpy as jnp
 from ..config import startup
 from ..runtime.checks import ROW  # one row per check: its layout is the reader's (runtime/checks)
 
-_enabled = [startup.checks]
+enabled_cell = [startup.checks]
 _tls = threading.local()  # the collector of the trace in progress on this thread
 
 
 def enabled() -> bool:
-    return _enabled[0]
+    return enabled_cell[0]
 
 
 def set_enabled(flag: bool) -> None:
-    _enabled[0] = bool(flag)
+    enabled_cell[0] = bool(flag)
 
 
 class Check:
@@ -80,7 +80,7 @@ class Collector:
 @contextlib.contextmanager
 def collect():
     """Collect the checks reported while tracing the block (None when checks are off)."""
-    if not _enabled[0]:
+    if not enabled_cell[0]:
         yield None
         return
     prev = getattr(_tls, "c", None)

@@ -54,11 +54,11 @@ def get(args, kwargs, path):
     return v[path[1]] if len(path) > 1 else v
 
 
-def _put(args, kwargs, path, value):
+def put_arg(args, kwargs, path, value):
     if len(path) > 1:
         seq = list(get(args, kwargs, path[:1]))
         seq[path[1]] = value
-        _put(args, kwargs, path[:1], seq)
+        put_arg(args, kwargs, path[:1], seq)
     elif isinstance(path[0], str):
         kwargs[path[0]] = value
     else:
@@ -318,7 +318,7 @@ class Matmul(Rule):
             for p, ls in self.operands:
                 x = get(args, kwargs, p)
                 a = ls.index(letter)
-                _put(args, kwargs, p, jnp.where(valid(x.shape, a, n), x, jnp.zeros((), x.dtype)))
+                put_arg(args, kwargs, p, jnp.where(valid(x.shape, a, n), x, jnp.zeros((), x.dtype)))
         return fn(*args, **kwargs)
 
 
@@ -438,5 +438,5 @@ def apply(rule: Rule, fn, ctx: Ctx, *args, dyn_n, **kwargs):
     """The lowering `fn` over padded inputs: static inputs padded, then the rule's masks."""
     args = list(args)
     for p, d in ctx.pads:
-        _put(args, kwargs, p, pad_to(get(args, kwargs, p), d, ctx.bucket))
+        put_arg(args, kwargs, p, pad_to(get(args, kwargs, p), d, ctx.bucket))
     return rule.apply(fn, ctx, dyn_n, args, kwargs)

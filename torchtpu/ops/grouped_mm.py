@@ -26,7 +26,8 @@ from jax import lax
 
 from . import checks as _checks
 from ._common import opmath_dtype as _acc
-from .linalg import _PRETTY, _TORCH_NAMES
+from ._common import scalar_type_name
+from .linalg import TORCH_NAMES
 from .registry import LOWERINGS, lower
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -58,7 +59,7 @@ def check(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     for name, m in (("mat_a", mat_a), ("mat_b", mat_b)):
         if m.dtype not in _FLOATS:
             raise RuntimeError(
-                f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {_PRETTY.get(m.dtype, m.dtype)}"
+                f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {scalar_type_name(m.dtype)}"
             )
     if mat_a.dim() not in (2, 3):
         raise RuntimeError("mat_a has to be 2 or 3d")
@@ -101,11 +102,11 @@ def check(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     if mat_a.dtype != mat_b.dtype and (offs is None or offs.shape[0] > 0):
         if not a2 and not b2:
             raise RuntimeError(
-                f"expected scalar type {_PRETTY[mat_a.dtype]} but found {_PRETTY[mat_b.dtype]}"
+                f"expected scalar type {scalar_type_name(mat_a.dtype)} but found {scalar_type_name(mat_b.dtype)}"
             )
         raise RuntimeError(
             "expected m1 and m2 to have the same dtype, but got: "
-            f"{_TORCH_NAMES[mat_a.dtype]} != {_TORCH_NAMES[mat_b.dtype]}"
+            f"{TORCH_NAMES[mat_a.dtype]} != {TORCH_NAMES[mat_b.dtype]}"
         )
     return shape, dtype
 

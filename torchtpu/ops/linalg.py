@@ -9,31 +9,26 @@ from jax import lax
 
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from ._common import LOW_FLOATS as _HALF
+from ._common import scalar_type_name
 from ._common import opmath_dtype as _acc
 from .registry import kernel, lower, private
 
 HIGHEST = None  # float32 matmul precision: torch's setting, through runtime/precision.py
 
-_TORCH_NAMES = {
+TORCH_NAMES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
     torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int",
     torch.int16: "short int", torch.int8: "signed char", torch.uint8: "unsigned char",
     torch.bool: "bool", torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
 }
-_PRETTY = {
-    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-    torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}
 
 
 def _tname(x) -> str:
-    return _TORCH_NAMES.get(to_torch_dtype(x.dtype), str(x.dtype))
+    return TORCH_NAMES.get(to_torch_dtype(x.dtype), str(x.dtype))
 
 
 def _pretty(x) -> str:
-    return _PRETTY.get(to_torch_dtype(x.dtype), str(x.dtype))
+    return scalar_type_name(x.dtype)
 
 
 def _check_matmul_dtype(x, dtype_name):

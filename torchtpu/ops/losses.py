@@ -197,14 +197,6 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 # --- classification losses ---------------------------------------------------------
 
 
-def _check_bce(self, target):
-    if self.shape != target.shape:
-        raise ValueError(
-            f"Using a target size ({tuple(target.shape)}) that is different to the input size "
-            f"({tuple(self.shape)}) is deprecated. Please ensure they have the same size."
-        )
-
-
 @lower("binary_cross_entropy")
 def binary_cross_entropy(self, target, weight=None, reduction=1):
     dt = jnp.dtype(self.dtype)

@@ -89,7 +89,7 @@ def limit(name: str) -> Callable[[], int]:
     return lambda: _limits[name]
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     try:
         import ctypes
 
@@ -115,7 +115,7 @@ def evict(cache: dict, victims, lock=None) -> int:
         import gc
 
         gc.collect()  # jit wrappers sit in reference cycles with their closures
-        _trim_heap()
+        trim_heap()
     return n
 
 
@@ -183,7 +183,7 @@ def before_compile(what: str, release=()) -> None:
         drop()
     jax.clear_caches()
     gc.collect()
-    _trim_heap()
+    trim_heap()
     left = memory_left()
     if left is not None and left < need:
         import torch

@@ -142,5 +142,10 @@ def clear() -> None:
     _tripped.clear()
 
 
+def outstanding() -> bool:
+    """Whether flags are waiting to be read or an error to be raised (a host read drains them)."""
+    return bool(_pending or _tripped)
+
+
 def pending() -> int:
     return len(_pending)

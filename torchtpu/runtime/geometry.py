@@ -57,22 +57,22 @@ def _index(shape, strides, offset) -> np.ndarray:
     return idx
 
 
-def _bitcast(x, dtype):
+def bitcast(x, dtype):
     """Reinterpret a flat buffer's bytes as `dtype` (element count scales with itemsize)."""
     dtype = jnp.dtype(dtype)
     if x.dtype == dtype:
         return x
     if x.dtype.kind == "c":  # complex storage seen as its float parts (.real/.imag views)
         parts = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).reshape(-1)
-        return _bitcast(parts, dtype)
+        return bitcast(parts, dtype)
     if dtype.kind == "c":
         part = jnp.dtype(jnp.float32 if dtype == jnp.complex64 else jnp.float64)
-        f = _bitcast(x, part).reshape(-1, 2)
+        f = bitcast(x, part).reshape(-1, 2)
         return lax.complex(f[:, 0], f[:, 1])
     if x.dtype == jnp.bool_:
-        return _bitcast(x.astype(jnp.uint8), dtype)
+        return bitcast(x.astype(jnp.uint8), dtype)
     if dtype == jnp.bool_:
-        return _bitcast(x, jnp.uint8).astype(jnp.bool_)
+        return bitcast(x, jnp.uint8).astype(jnp.bool_)
     if x.dtype.itemsize == dtype.itemsize:
         return lax.bitcast_convert_type(x, dtype)
     if x.dtype.itemsize > dtype.itemsize:
@@ -86,7 +86,7 @@ def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
     numel = int(np.prod(shape)) if shape else 1
     if numel == 0:
         return jnp.zeros(shape, dtype)
-    buf = _bitcast(buf, dtype)
+    buf = bitcast(buf, dtype)
     if is_contiguous(shape, strides):
         if _whole(offset, numel, buf):
             return buf.reshape(shape)
@@ -98,7 +98,7 @@ def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
         idx = _index(shape, strides, offset)
         return buf[idx if _static(offset) else idx + offset]
     kept, box_shape, span = box
-    region = _region(buf, offset, span, _extent(shape, strides)).reshape(box_shape)
+    region = _region(buf, offset, span, extent_of(shape, strides)).reshape(box_shape)
     sizes = tuple(shape[d] for d in kept)
     region = region[_box_index(sizes, box_shape)].reshape(sizes)
     # Put the kept dims back in their original order, then broadcast the rest.
@@ -110,7 +110,7 @@ def read(buf: jax.Array, shape, strides, offset: int, dtype) -> jax.Array:
 def read_clamped(buf: jax.Array, shape, strides, offset, dtype) -> jax.Array:
     """read() of a view that may reach past the buffer's end, as a gather: positions past it
     read the last element (a bucket's padding, which the caller masks)."""
-    buf = _bitcast(buf, dtype)
+    buf = bitcast(buf, dtype)
     idx = _index(shape, strides, offset)
     return buf[jnp.clip(idx if _static(offset) else idx + offset, 0, buf.shape[0] - 1)]
 
@@ -148,7 +148,7 @@ def _box_index(sizes, box_shape):
     return tuple(idx[: len(box_shape)])
 
 
-def _extent(shape, strides) -> int:
+def extent_of(shape, strides) -> int:
     """Elements from a (nonempty) view's first element to its last, inclusive."""
     return 1 + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
 
@@ -181,7 +181,7 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
         return buf
     value = jnp.broadcast_to(value, shape)
     if value.dtype != buf.dtype:  # a view with another dtype: write in its bytes
-        return _bitcast(write(_bitcast(buf, value.dtype), value, shape, strides, offset), buf.dtype)
+        return bitcast(write(bitcast(buf, value.dtype), value, shape, strides, offset), buf.dtype)
     if is_contiguous(shape, strides):
         flat = value.reshape(-1)
         if _whole(offset, numel, buf):
@@ -193,7 +193,7 @@ def write(buf: jax.Array, value: jax.Array, shape, strides, offset: int) -> jax.
         sizes = tuple(shape[d] for d in kept)
         ordered = jnp.transpose(value, _full_perm(shape, kept)).reshape(sizes + (1,) * (len(box_shape) - len(sizes)))
         n = buf.shape[0]
-        pad = _overhang(n, offset, span, _extent(shape, strides))
+        pad = _overhang(n, offset, span, extent_of(shape, strides))
         padded = jnp.concatenate([buf, jnp.zeros((pad,), buf.dtype)]) if pad else buf
         region = _region(padded, offset, span, span).reshape(box_shape)
         region = region.at[_box_index(sizes, box_shape)].set(ordered.reshape(_sliced(sizes, box_shape)))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 
-_parked: collections.deque = collections.deque()
+parked_buffers: collections.deque = collections.deque()
 # Past this many parked buffers the oldest is waited for: a bound on host memory,
 # like the bounded launch queue of a CUDA stream.
 MAX_PARKED = 4096
@@ -45,14 +45,14 @@ def retire(buf) -> None:
     """`buf` (a device buffer, or a placeholder that is not one) is being dropped.
     Called from a weakref callback: no JAX calls, no locks."""
     if hasattr(buf, "is_ready"):
-        _parked.append(buf)
+        parked_buffers.append(buf)
 
 
 def replaced(buf) -> None:
     """`buf` was a storage's buffer and has been replaced by one that does not wait for it
     (a transfer from the host): keep it until it is computed. Ordinary code only."""
     if hasattr(buf, "is_ready") and not _ready(buf):
-        _parked.append(buf)
+        parked_buffers.append(buf)
 
 
 def tidy() -> None:
@@ -60,15 +60,15 @@ def tidy() -> None:
     MAX_PARKED, wait for the oldest. Called from ordinary code, never from a finalizer."""
     for _ in range(_TIDY_STEP):
         try:
-            buf = _parked.popleft()
+            buf = parked_buffers.popleft()
         except IndexError:
             return
         if not _ready(buf):
-            _parked.appendleft(buf)
+            parked_buffers.appendleft(buf)
             break
-    while len(_parked) > MAX_PARKED:
+    while len(parked_buffers) > MAX_PARKED:
         try:
-            _wait(_parked.popleft())
+            _wait(parked_buffers.popleft())
         except IndexError:
             return
 
@@ -83,14 +83,14 @@ def _wait(buf) -> None:
 def _drain_ready() -> list:
     """Drop the finished parked buffers; return the unfinished ones (they stay parked)."""
     out = []
-    for _ in range(len(_parked)):
+    for _ in range(len(parked_buffers)):
         try:
-            buf = _parked.popleft()
+            buf = parked_buffers.popleft()
         except IndexError:
             break
         if not _ready(buf):
             out.append(buf)
-            _parked.append(buf)
+            parked_buffers.append(buf)
     return out
 
 
@@ -120,4 +120,4 @@ def wait_all() -> None:
 
 
 def parked() -> int:
-    return len(_parked)
+    return len(parked_buffers)

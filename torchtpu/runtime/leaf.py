@@ -22,7 +22,7 @@ import torch
 
 from . import geometry, inflight
 from .jaxenv import TORCH_TO_JAX
-from .storage import _table
+from .storage import table
 
 
 class Leaf(NamedTuple):
@@ -75,7 +75,7 @@ def host_leaf(slot: int, t: torch.Tensor) -> Leaf:
 def entry_of(t: torch.Tensor):
     """The storage entry of a tpu tensor; KeyError when it has none (the caller words the
     error: a tensor of another device, or one made outside torchtpu)."""
-    return _table[t.untyped_storage()._cdata]
+    return table[t.untyped_storage()._cdata]
 
 
 class Leaves:
@@ -103,7 +103,7 @@ class Leaves:
         """Add tpu tensor `t` (its storage `entry` when the caller looked it up); returns
         its leaf's index. KeyError: no storage entry (see entry_of)."""
         if entry is None:
-            entry = _table[t.untyped_storage()._cdata]
+            entry = table[t.untyped_storage()._cdata]
         self.leaves.append(leaf_of(t, self.slot(entry), self.offsets))
         return len(self.leaves) - 1
 

@@ -37,8 +37,8 @@ class Entry:
         self.index = 0  # the tpu device its buffer lives on (runtime/placement.py)
 
 
-_table: dict[int, Entry] = {}
-inflight.set_live_buffers(lambda: [e.buf for e in list(_table.values())])
+table: dict[int, Entry] = {}
+inflight.set_live_buffers(lambda: [e.buf for e in list(table.values())])
 # Reentrant: _release runs from a weakref callback, which a garbage collection can start
 # on this thread while it holds the lock (a plain Lock would deadlock there).
 _lock = threading.RLock()
@@ -58,8 +58,8 @@ def _release(key: int, entry: Entry, _finalizing=sys.is_finalizing) -> None:
     if _finalizing():
         return
     with _lock:
-        if _table.get(key) is entry:
-            del _table[key]
+        if table.get(key) is entry:
+            del table[key]
         _of(entry.index)["allocated"] -= entry.nbytes
         if entry.addr is not None:
             _free_slots.append((entry.addr - _ADDR_BASE) // _ADDR_SLOT)
@@ -117,7 +117,7 @@ def adopt_dtype(entry: Entry, dtype: np.dtype) -> None:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _reinterpret(buf, dtype):
     """A flat buffer's bytes seen as another element type (a bitcast, no value change)."""
-    return geometry._bitcast(buf, dtype)
+    return geometry.bitcast(buf, dtype)
 
 
 def _account(nbytes: int, index: int = 0) -> None:
@@ -130,7 +130,7 @@ def _account(nbytes: int, index: int = 0) -> None:
 
 def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     """Give the (new) storage of `t` a buffer of `numel` elements of `dtype`."""
-    if inflight._parked:  # let go of dropped buffers that have finished (never from a finalizer)
+    if inflight.parked_buffers:  # let go of dropped buffers that have finished (never from a finalizer)
         inflight.tidy()
     storage = t.untyped_storage()
     key = storage._cdata
@@ -142,7 +142,7 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     # default: at interpreter exit the module global may already be None.
     entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry, release=_release: release(key, entry))
     with _lock:
-        _table[key] = entry
+        table[key] = entry
         st = _of(entry.index)
         st["allocated"] += entry.nbytes
         if st["allocated"] > st["peak"]:
@@ -152,7 +152,7 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
 
 def lookup(t: torch.Tensor) -> Entry:
     try:
-        return _table[t.untyped_storage()._cdata]
+        return table[t.untyped_storage()._cdata]
     except KeyError:
         raise RuntimeError(
             "torchtpu: this tpu tensor has no device buffer (was it created outside torchtpu?)"
@@ -160,7 +160,7 @@ def lookup(t: torch.Tensor) -> Entry:
 
 
 def lookup_storage(storage) -> Entry:
-    return _table[storage._cdata]
+    return table[storage._cdata]
 
 
 def resize(entry: Entry, numel: int) -> None:
@@ -191,7 +191,7 @@ def reset_peak_memory_stats(index: int = 0) -> None:
 def live_buffers(index: int | None = None) -> int:
     """Live storages (on tpu:`index`; None: on every device)."""
     if index is None or not placement.spread():
-        return len(_table)
-    return sum(1 for e in list(_table.values()) if e.index == index)
+        return len(table)
+    return sum(1 for e in list(table.values()) if e.index == index)
 
 

@@ -94,7 +94,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     from . import checks
 
     a = _host_value(t)  # (runs the deferred region that computes it, if any)
-    if checks._pending or checks._tripped:
+    if checks.outstanding():
         checks.raise_pending()
     metrics.bump("transfers_to_host")
     metrics.bump("bytes_to_host", a.nbytes)

@@ -12,10 +12,9 @@ from .hf_run import run_model
 def _clear_caches() -> None:
     import jax
 
-    from torchtpu.eager import deferred, executor
+    from torchtpu.eager import executor  # (its clear drops the fused regions too)
 
     executor.clear_cache()
-    deferred._fused_cache.clear()
     jax.clear_caches()
 
 

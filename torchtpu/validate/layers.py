@@ -326,34 +326,10 @@ def render(report: Report, allowed=None, known_cycle_modules=None, show_all=Fals
 
 
 # Reaching into another module: reading its private names (`storage._table`) or assigning its
-# attributes (`executor.dynamic = f`) couples two modules through what neither declares. The ones
-# standing today are pinned here as ALLOWED pins imports: a new one fails tests/test_layers.py, a
-# pinned one that is gone must be removed (the list only shrinks; issue 31 empties it).
-KNOWN_REACH_INS: set[tuple[str, str]] = {
-    ("__init__.py", "torchtpu.runtime.cache._trim_heap"),
-    ("compile/runtime.py", "torchtpu.compile.graph._at_sizes"),
-    ("compile/runtime.py", "torchtpu.compile.graph._bind_sizes"),
-    ("compile/runtime.py", "torchtpu.compile.graph._has_symbols"),
-    ("compile/runtime.py", "torchtpu.runtime.storage._table"),
-    ("device/storage_api.py", "torchtpu.runtime.storage._table"),
-    ("distributed/fused.py", "torchtpu.eager.modes._state"),
-    ("eager/argcheck.py", "torchtpu.runtime.storage._table"),
-    ("eager/carried.py", "torchtpu.eager.argcheck._convert"),
-    ("eager/carried.py", "torchtpu.eager.argcheck._cpu_of"),
-    ("eager/carried.py", "torchtpu.eager.argcheck._raise"),
-    ("eager/control_flow.py", "torchtpu.eager.modes._state"),
-    ("eager/dynamism.py", "torchtpu.ops.dynamism._put"),
-    ("eager/executor.py", "torchtpu.eager.modes._state"),
-    ("eager/executor.py", "torchtpu.ops.checks._enabled"),
-    ("eager/extents.py", "torchtpu.runtime.geometry._extent"),
-    ("eager/growth.py", "torchtpu.runtime.storage._table"),
-    ("eager/op_cache.py", "torchtpu.eager.deferred._fused_cache"),
-    ("eager/op_program.py", "torchtpu.eager.scalars._DTYPES"),
-    ("runtime/storage.py", "torchtpu.runtime.geometry._bitcast"),
-    ("runtime/storage.py", "torchtpu.runtime.inflight._parked"),
-    ("runtime/transfer.py", "torchtpu.runtime.checks._pending"),
-    ("runtime/transfer.py", "torchtpu.runtime.checks._tripped"),
-}
+# attributes (`executor.dynamic = f`) couples two modules through what neither declares. None
+# stands today; one pinned here (as ALLOWED pins imports) would be allowed until removed, and a
+# pinned one that is gone fails tests/test_layers.py (the list only shrinks).
+KNOWN_REACH_INS: set[tuple[str, str]] = set()
 
 
 def _aliases(path: Path, root: Path, tree: ast.Module) -> dict[str, str]:

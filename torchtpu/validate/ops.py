@@ -169,11 +169,6 @@ def _grads(outs, inputs, seed: int):
     return torch.autograd.grad(leaves, inputs, cots, allow_unused=True)
 
 
-def _grad_inputs(sample):
-    leaves = tree_flatten((sample.input, sample.args, sample.kwargs))[0]
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
-
-
 def run_opinfo(op, dtypes, max_samples: int, backward: bool, timeout: int = 120,
                mode: str = "strict", samples_on: str = "tpu") -> Result:
     """`mode`: how tpu's side runs: "strict" and "defer_and_fuse" as eager modes, "compile" as
@@ -387,10 +382,9 @@ def clear_caches() -> None:
     thousands of programs, and a long-lived worker otherwise grows by gigabytes."""
     import jax
 
-    from ..eager import deferred, executor
+    from ..eager import executor  # (its clear drops the fused regions too)
 
     executor.clear_cache()
-    deferred._fused_cache.clear()
     jax.clear_caches()
 
 
