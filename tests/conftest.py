@@ -61,16 +61,102 @@ def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=
                                    check_dtype=check_dtype, check_stride=check_stride)
 
 
+# ---- the modes a test runs in ----------------------------------------------------------------
+#
+# As PyTorch instantiates a device-generic test once per device, a test here is instantiated
+# once per execution mode: `@pytest.mark.parametrize("mode", modes())` for a test that takes
+# the mode, or, for a whole file of op tests, `pytestmark = IN_EVERY_MODE`: each of its tests
+# runs in strict, defer_and_fuse and compile, and `check` runs the tpu side in that mode.
+# `make test` runs strict; the other two are in the slow tier (`pytest -m slow`) with the
+# OpInfo sweeps (`python -m torchtpu.validate ops --mode ...`).
+
+MODES = ("strict", "defer_and_fuse", "compile")
+EAGER_MODES = ("strict", "defer_and_fuse")
+ALL_MODES = ("strict", "debug", "defer_and_fuse", "compile")
+
+
+def modes(*names: str, slow=()) -> list:
+    """pytest params of `names` (default MODES); those in `slow` marked slow."""
+    return [pytest.param(m, marks=pytest.mark.slow, id=m) if m in slow else pytest.param(m, id=m)
+            for m in (names or MODES)]
+
+
+_instantiated = [None]  # the mode of the op-suite test running now (None: the ambient eager mode)
+
+
+@pytest.fixture(params=modes(slow=("defer_and_fuse", "compile")))
+def suite_mode(request):
+    """The op suite's instantiation: the test body in this mode's eager mode (strict under
+    compile: what check() does not compile runs eagerly), check() in the mode."""
+    _instantiated[0] = request.param
+    try:
+        with torchtpu.eager_mode("strict" if request.param == "compile" else request.param):
+            yield request.param
+    finally:
+        _instantiated[0] = None
+
+
+IN_EVERY_MODE = pytest.mark.usefixtures("suite_mode")
+
+
+def in_mode(fn, mode=None):
+    """`fn` as the mode runs it on tpu: compiled with the tpu backend in "compile" (a fresh
+    Dynamo cache, so every call traces and none falls back to eager past a recompile limit),
+    else as is (the eager mode is the caller's)."""
+    mode = mode or _instantiated[0]
+    if mode != "compile":
+        return fn
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="tpu")
+
+
 def check(fn, *args, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
-          both=False, **kwargs):
-    """Run `fn(*args, **kwargs)` on the CPU tensors given and on them moved to tpu, and
-    assert_same the results. Returns the tpu result, or (the tpu result on the CPU, the CPU
-    result) with both=True."""
+          both=False, grad=False, **kwargs):
+    """Run `fn(*args, **kwargs)` on the CPU tensors given and on them moved to tpu (in the
+    test's mode, see in_mode), and assert_same the results. With grad=True, also backward:
+    every floating or complex input tensor requires grad, each such output gets the same
+    random cotangent on both sides, and the inputs' gradients must match too. Returns the tpu
+    result, or (the tpu result on the CPU, the CPU result) with both=True."""
+    tol = dict(atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype)
+    if grad:
+        args, kwargs = _leaves_requiring_grad((args, kwargs))
+    targs, tkwargs = _leaves_requiring_grad(to_tpu((_detached(args), _detached(kwargs)))) if grad \
+        else (to_tpu(args), to_tpu(kwargs))
     cpu = fn(*args, **kwargs)
-    tpu = fn(*to_tpu(args), **to_tpu(kwargs))
-    assert_same(tpu, cpu, atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype,
-                check_stride=check_stride)
+    tpu = in_mode(fn)(*targs, **tkwargs)
+    assert_same(tpu, cpu, check_stride=check_stride, **tol)
+    if grad:
+        _check_grads(tpu, cpu, (targs, tkwargs), (args, kwargs), tol)
     return (to_cpu(tpu), cpu) if both else tpu
+
+
+def _differentiable(t) -> bool:
+    return isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _detached(x):
+    return tree_map(lambda a: a.detach() if isinstance(a, torch.Tensor) else a, x)
+
+
+def _leaves_requiring_grad(x):
+    return tree_map(lambda a: a.detach().requires_grad_() if _differentiable(a) else a, x)
+
+
+def _check_grads(tpu, cpu, tpu_inputs, cpu_inputs, tol):
+    outs_c = [o for o in tree_flatten(cpu)[0] if _differentiable(o) and o.requires_grad]
+    outs_t = [o for o in tree_flatten(tpu)[0] if _differentiable(o) and o.requires_grad]
+    assert len(outs_c) == len(outs_t), "outputs that require grad differ"
+    ins_c = [i for i in tree_flatten(cpu_inputs)[0] if _differentiable(i)]
+    ins_t = [i for i in tree_flatten(tpu_inputs)[0] if _differentiable(i)]
+    if not outs_c:
+        return
+    cot = [torch.randn_like(o) for o in outs_c]
+    got = torch.autograd.grad(outs_t, ins_t, [c.to("tpu") for c in cot], allow_unused=True)
+    want = torch.autograd.grad(outs_c, ins_c, cot, allow_unused=True)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g is None) == (w is None), f"input {i}: gradient {'missing' if g is None else 'extra'} on tpu"
+        if w is not None:
+            assert_same(g, w, **tol)
 
 
 def run_in_mode(mode, fn, *args):
@@ -79,11 +165,6 @@ def run_in_mode(mode, fn, *args):
     targs = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if mode == "compile":
-            torch._dynamo.reset()
-            with torchtpu.eager_mode("strict"):
-                out = torch.compile(fn, backend="tpu")(*targs)
-        else:
-            with torchtpu.eager_mode(mode):
-                out = fn(*targs)
+        with torchtpu.eager_mode("strict" if mode == "compile" else mode):
+            out = in_mode(fn, mode)(*targs)
         return out.cpu() if isinstance(out, torch.Tensor) else out

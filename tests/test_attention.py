@@ -112,7 +112,6 @@ def test_sdpa_with_a_growing_kv_cache_compiles_one_attention_per_length(no_fallb
     assert torchtpu.metrics()["compiles"] <= 2 * 6 + 1
 
 
-
 @pytest.mark.parametrize("ctx", [torch.inference_mode, torch.no_grad])
 def test_sdpa_is_fused_without_autograd_too(no_fallback, ctx):
     q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)

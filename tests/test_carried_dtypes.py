@@ -13,10 +13,10 @@ import torch
 import torchtpu
 from conftest import run_in_mode as run
 from torchtpu.runtime.jaxenv import BITS, SUB_BYTE
+from conftest import MODES
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
-MODES = ["strict", "defer_and_fuse", "compile"]
 SLOW = pytest.mark.slow
 
 

@@ -10,8 +10,7 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 import torchtpu
-
-MODES = ["defer_and_fuse", "compile"]
+from conftest import modes
 
 
 def _cond(x, idx, p):
@@ -75,7 +74,7 @@ def _read(out):
     return out.cpu()
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
 @pytest.mark.parametrize("taken", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("bad", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_cond_branch(mode, taken, bad):
@@ -84,14 +83,14 @@ def test_cond_branch(mode, taken, bad):
     _same(_cond, (x, idx, torch.tensor(taken)), mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
 @pytest.mark.parametrize("limit", [pytest.param(2, marks=pytest.mark.slow), 4])  # 4 turns run the index past the end on the last
 def test_while_loop_body(mode, limit):
     x = torch.arange(5.0)
     _same(_while, (x, torch.tensor([0, 1, 2]), torch.tensor(limit)), mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
 @pytest.mark.parametrize("last", [pytest.param(3, marks=pytest.mark.slow), 9])
 def test_scan_combine(mode, last):
     x = torch.arange(8.0).reshape(4, 2)
@@ -99,7 +98,7 @@ def test_scan_combine(mode, last):
     _same(lambda x, r: _scan(x, None, r), (x, rows), mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
 @pytest.mark.parametrize("last", [pytest.param(3, marks=pytest.mark.slow), 4])
 def test_map_body(mode, last):
     x = torch.arange(8.0).reshape(4, 2)

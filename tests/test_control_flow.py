@@ -12,10 +12,10 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import torchtpu
 from conftest import assert_same
+from conftest import modes
 
 # strict runs PyTorch's own eager implementation op by op (a compile per op): slow, and
 # checked once in the fast suite by test_cond
-MODES = [pytest.param("strict", marks=pytest.mark.slow), "defer_and_fuse", "compile"]
 tree = torch.utils._pytree
 
 
@@ -142,13 +142,13 @@ def test_cond(mode, sign):
     check(cond_closure, [x, _x(3)], mode, grad=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_cond_nested(mode):
     check(cond_nested, [_x(4, 3).abs() + 0.6, _x(3)], mode, grad=True)
     check(cond_nested, [_x(4, 3).abs() * 0.1, _x(3)], mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_while_loop(mode):
     with torch.no_grad():
         check(while_data_dependent, [_x(4, 3), torch.tensor(300.0)], mode)
@@ -166,17 +166,17 @@ def test_scan(mode, grad):
     check(scan_rnn, [_x(6, 2, 3), _x(2, 5), _x(3, 5) * 0.5, _x(5, 5) * 0.5], mode, grad=grad, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_scan_nested_cond(mode):
     check(scan_with_cond, [_x(5, 3), _x(3), _x(3)], mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_map(mode):
     check(map_closure, [_x(5, 3), _x(3)], mode, grad=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_associative_scan(mode):
     with torch.no_grad():
         check(assoc_pairs, [_x(9, 2).abs(), _x(9, 2)], mode)

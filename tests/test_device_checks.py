@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 import torchtpu
 from torchtpu.runtime import checks as pending_checks
-
-MODES = ["strict", "debug", "defer_and_fuse", "compile"]
+from conftest import ALL_MODES
 
 
 def _x():
@@ -107,7 +106,7 @@ _COMPILED_FAST = {"gather", "index_put", "embedding", "cross_entropy", "one_hot"
 def _params():
     out = []
     for case in CASES:
-        for mode in MODES:
+        for mode in ALL_MODES:
             slow = mode == "compile" and case not in _COMPILED_FAST
             out.append(pytest.param(case, mode, marks=[pytest.mark.slow] if slow else [], id=f"{case}-{mode}"))
     return out

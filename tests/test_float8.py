@@ -13,12 +13,12 @@ import torch
 
 import torchtpu
 from conftest import run_in_mode as run
+from conftest import MODES
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
 F8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
       torch.float8_e8m0fnu]
-MODES = ["strict", "defer_and_fuse", "compile"]
 
 
 def _modes_by_dtype(dtypes):

@@ -24,7 +24,6 @@ def _tiny_llama(heads, kv_heads):
     return model, prompt, dict(do_sample=False, num_beams=1, pad_token_id=0)
 
 
-
 def _decode_loop(dev, steps, table):
     """A hand-written greedy loop: the next id is looked up from the last one."""
     ids = torch.tensor([[3, 1, 4, 1]], device=dev)

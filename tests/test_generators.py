@@ -6,8 +6,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import torchtpu
-
-MODES = ["strict", "defer_and_fuse"]
+from conftest import EAGER_MODES
 
 
 def _block_grads(dev, use_checkpoint, use_reentrant):
@@ -24,7 +23,7 @@ def _block_grads(dev, use_checkpoint, use_reentrant):
     return lin.weight.grad.cpu(), x.grad.cpu()
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_checkpoint_with_dropout_gives_the_same_gradients(mode, use_reentrant):
     # the oracle: on CPU, checkpointing does not change the gradients
@@ -38,7 +37,7 @@ def test_checkpoint_with_dropout_gives_the_same_gradients(mode, use_reentrant):
     assert plain[0].abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_fork_rng_restores_device_state(mode):
     with torchtpu.eager_mode(mode):
         torch.manual_seed(3)
@@ -147,18 +146,18 @@ def _repeats_and_advances(mode, every_family):
             assert g.initial_seed() == 123 and g.get_state().equal(h.get_state())
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_generator_repeats_and_advances_as_cpu(mode):
     _repeats_and_advances(mode, every_family=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_generator_repeats_and_advances_in_every_random_family(mode):
     _repeats_and_advances(mode, every_family=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_generator_is_independent_of_the_default(mode):
     with torchtpu.eager_mode(mode):
         for dev in ("cpu", "tpu"):
@@ -179,7 +178,7 @@ def test_generator_is_independent_of_the_default(mode):
 @pytest.mark.slow
 def test_strict_and_defer_and_fuse_draw_the_same_numbers():
     draws = {}
-    for mode in MODES:
+    for mode in EAGER_MODES:
         with torchtpu.eager_mode(mode):
             draws[mode] = _draws("tpu", torch.Generator(device="tpu").manual_seed(9), every_family=True)
     assert _same(draws["strict"], draws["defer_and_fuse"])
@@ -195,7 +194,7 @@ def test_default_generator_is_a_torch_generator():
     assert torch.tpu.get_rng_state().equal(g.get_state())
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_fallback_random_op_uses_the_tpu_generator(mode):
     # poisson has no lowering: the CPU fallback draws from a host generator made from g's state
     rates = torch.full((16,), 3.0)

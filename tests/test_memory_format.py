@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import EAGER_MODES
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
-MODES = ["strict", "defer_and_fuse"]
 
 
 def _x(*shape, fmt=None, dtype=torch.float32):
@@ -121,14 +121,14 @@ def _cases():
 CASES = _cases()
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layout_as_cpu(name, mode):
     fn, make = CASES[name]
     check(fn, *make(), mode=mode)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_dropout_keeps_layout(mode):
     x = _x(2, 3, 8, 8, fmt=CL).to("tpu")
     with torchtpu.eager_mode(mode):
@@ -176,7 +176,7 @@ _FACTORIES = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 @pytest.mark.parametrize("name", sorted(_FACTORIES))
 def test_factories_and_copies(name, mode):
     with torchtpu.eager_mode(mode):
@@ -186,7 +186,7 @@ def test_factories_and_copies(name, mode):
             _same(c, t, name)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_channels_last_training_step(mode):
     """A small channels_last conv net: losses, gradients and parameters after SGD steps as
     on CPU, gradients in the parameters' own layout."""

@@ -5,8 +5,7 @@ import torch
 from torch import nn
 
 import torchtpu
-
-MODES = ["strict", "defer_and_fuse"]
+from conftest import EAGER_MODES
 
 
 def _model():
@@ -14,7 +13,7 @@ def _model():
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_parameters_and_grads_keep_their_identity_across_moves(mode):
     m = _model()
     params = list(m.parameters())
@@ -30,7 +29,7 @@ def test_parameters_and_grads_keep_their_identity_across_moves(mode):
     assert all(p.grad is g and g.device.type == "cpu" for p, g in zip(params, grads))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_optimizer_built_before_the_move_trains_the_model(mode):
     # the order many scripts use: the optimizer holds the parameters, then the model moves
     ref, m = _model(), _model()

@@ -17,10 +17,10 @@ import tempfile
 
 import multiproc
 import pytest
+from conftest import EAGER_MODES
 
 HERE = os.path.abspath(__file__)
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-MODES = ["strict", "defer_and_fuse"]
 
 
 def _run(scenario: str, mode: str, env_extra: dict) -> dict:
@@ -33,7 +33,7 @@ def _run(scenario: str, mode: str, env_extra: dict) -> dict:
     return multiproc.result((p.returncode, p.stdout, p.stderr))
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=EAGER_MODES)
 def four(request):
     return _run("four_devices", request.param, FOUR)
 
@@ -176,7 +176,7 @@ def _torchrun(scenario: str, nnodes: int, nproc: int, mode: str = "strict") -> l
     return [found[r] for r in sorted(found)]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_torchrun_cuda_ddp_idiom_each_process_on_its_device(mode):
     """The standard CUDA DDP script with "cuda" replaced by "tpu" (`torch.tpu.set_device(local_rank)`,
     `torch.device("tpu", local_rank)`, DDP(device_ids=[local_rank])) under torchrun, 2 processes

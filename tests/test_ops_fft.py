@@ -2,8 +2,11 @@
 import pytest
 import torch
 
+import conftest
 import torchtpu
 from conftest import check, to_cpu
+
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
 
 aten = torch.ops.aten
 

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import conftest
 import torchtpu
 
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
+
 T = "tpu"
 check = partial(conftest.check, equal_nan=True)
 assert_same = partial(conftest.assert_same, equal_nan=True)

@@ -3,9 +3,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import conftest
 import torchtpu
 from conftest import check, to_cpu
 from torchtpu.ops.registry import KERNELS, LOWERINGS
+
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
 
 
 def grads(fn, inputs, device):

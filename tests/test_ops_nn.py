@@ -5,7 +5,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves, tree_map
 
+import conftest
 import torchtpu
+
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
 
 F32 = dict(atol=1e-4, rtol=1e-4)
 LOW = dict(atol=2e-2, rtol=2e-2)

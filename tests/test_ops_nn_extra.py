@@ -7,7 +7,7 @@ import conftest
 import torchtpu
 from conftest import to_tpu as _tpu
 
-pytestmark = pytest.mark.usefixtures("no_fallback")
+pytestmark = [pytest.mark.usefixtures("no_fallback"), conftest.IN_EVERY_MODE]  # (conftest: modes)
 
 
 def check(fn, *args, grad=(), **tol):

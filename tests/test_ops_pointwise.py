@@ -15,7 +15,7 @@ import torchtpu
 from torchtpu.validate.samples import sample_inputs
 from conftest import to_cpu, to_tpu
 
-pytestmark = pytest.mark.usefixtures("no_fallback")
+pytestmark = [pytest.mark.usefixtures("no_fallback"), conftest.IN_EVERY_MODE]  # (conftest: modes)
 
 # returns (the tpu result on the CPU, the CPU result), for the tests that look further
 check = partial(conftest.check, equal_nan=True, both=True)

@@ -16,6 +16,8 @@ import torchtpu
 from conftest import check
 from conftest import to_tpu as tpu
 
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
+
 warnings.filterwarnings("ignore", category=UserWarning)
 
 RANDOM = {

@@ -12,6 +12,8 @@ import torchtpu
 from torchtpu.validate.samples import sample_inputs
 from conftest import to_cpu, to_tpu
 
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
+
 warnings.filterwarnings("ignore", category=UserWarning)
 
 # Base names of the ATen ops this family lowers: none of them may fall back to the CPU.

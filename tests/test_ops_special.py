@@ -8,6 +8,8 @@ import torch
 import conftest
 import torchtpu
 
+pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
+
 check = partial(conftest.check, equal_nan=True)
 
 

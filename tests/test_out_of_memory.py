@@ -14,8 +14,7 @@ import torch
 
 import torchtpu
 from torchtpu.runtime import cache
-
-MODES = ["strict", "defer_and_fuse", "compile"]
+from conftest import MODES
 
 
 def _big():

@@ -8,8 +8,7 @@ from conftest import check
 
 import torchtpu
 from torchtpu.eager import extents
-
-MODES = ["strict", "defer_and_fuse"]
+from conftest import EAGER_MODES
 
 
 def _compiles(fn, *args, served="bucketed_view_ops"):
@@ -29,7 +28,7 @@ def _fill_steps(buf):
     return buf
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_a_fill_over_32_extents_compiles_a_handful(mode):
     """The issue's line: a mask buffer filled over a growing corner each step."""
     with torchtpu.eager_mode(mode):
@@ -56,7 +55,7 @@ def _mask_steps(mask, scores, dtype):
     return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.complex64], ids=str)
 def test_masks_built_per_step_equal_cpu(mode, dtype):
     mask = torch.zeros(2, 40, 48, dtype=torch.int8)
@@ -65,7 +64,7 @@ def test_masks_built_per_step_equal_cpu(mode, dtype):
         check(_mask_steps, mask, scores, dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_bool_and_overlapping_views(mode):
     """A bool buffer; a copy between two windows of one storage."""
     def steps(b, x):
@@ -80,7 +79,7 @@ def test_bool_and_overlapping_views(mode):
         check(steps, torch.zeros(32, 32, dtype=torch.bool), torch.randn(48, 33))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_moving_offsets_and_rows(mode):
     """Windows at a runtime offset (a KV slot range), one dim varying."""
     def steps(cache):
@@ -137,7 +136,7 @@ def _gathers(w, idxs):
     return [torch.index_select(w, 0, i.to(w.device)) for i in idxs]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_index_select_over_32_lengths_compiles_a_handful(mode):
     """The issue's second line: index_select over 32 index lengths."""
     idxs = [torch.randint(0, 100, (q,)) for q in range(1, 33)]
@@ -150,7 +149,7 @@ def test_index_select_over_32_lengths_compiles_a_handful(mode):
     assert programs <= 6, programs
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_embeddings_and_gradients_over_varying_lengths(mode):
     """Token ids (1, L) of a new length each step through an embedding and a loss: outputs and
     gradients equal CPU's, sizes and strides too."""
@@ -188,7 +187,7 @@ def test_index_lengths_turned_off(monkeypatch):
     assert moved == 0 and programs > 10
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_an_index_that_is_a_row_of_a_batch(mode):
     """A row of a (groups, n) batch of indices (continuous batching's read_index) shares its
     storage: the op gets a dynamic copy, and the row stays a view of its batch."""
