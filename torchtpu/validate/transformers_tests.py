@@ -145,7 +145,23 @@ def run_one(tree: Path, model: str, device: str, work: Path, timeout: int, mode:
             "restarts": restarts, "tests": len(results)}
 
 
+# Causes found by looking, for failures the coarse classifier can only call "wrong value" and the like:
+# (architecture or "*", test name) -> explanation shown in the report.
+KNOWN_CAUSES = {
+    ("*", "test_resize_tokens_embeddings"): (
+        "NaN new embedding rows; input-dependent, not reproduced alone (the single test passes on tpu). Likely: "
+        "the vocab_size=4 < hidden_size case resizes from a rank-deficient 16x16 covariance, and Transformers' "
+        "positive-definite check (constraints.positive_definite, cholesky_ex's info) of that singular matrix "
+        "decides by rounding whether it samples from MultivariateNormal. Not fixed"),
+}
+
+
 def tf_cause(rec: dict, test_id: str) -> str:
+    name = test_id.split("::")[-1]
+    model = test_id.split("/")[2] if test_id.startswith("tests/models/") else "*"
+    for (m, t), why in KNOWN_CAUSES.items():
+        if t == name and m in ("*", model):
+            return why
     if "generat" in test_id.lower() or "assisted" in test_id or "prompt_lookup" in test_id:
         base = cause_of(rec, test_id)
         return f"generate: {base}"
