@@ -134,6 +134,10 @@ class Config:
     pytorch_tests: Optional[str] = _var("TORCHTPU_PYTORCH_TESTS", "unset", _path,
                                         "directory of PyTorch's test files that `python -m torchtpu.validate "
                                         "pytorch_tests` runs (default: ../shared/pytorch_tests)", read="use")
+    transformers_tests: Optional[str] = _var("TORCHTPU_TRANSFORMERS_TESTS", "unset", _path,
+                                             "tree of Transformers' own tests that `python -m torchtpu.validate "
+                                             "transformers_tests` runs (default: ../shared/transformers_tests/"
+                                             "tf_tests)", read="use")
     titan_assets: Optional[str] = _var("TORCHTPU_TITAN_ASSETS", "unset", _path,
                                        "directory of `python -m torchtpu.validate titan assets DIR` (tokenizer "
                                        "and dataset TorchTitan's configs read)", read="use")

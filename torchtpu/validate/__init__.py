@@ -1,7 +1,7 @@
 """Validation CLIs: `python -m torchtpu.validate ops` (PyTorch's OpInfo suite on tpu vs CPU),
 `hf` (Hugging Face model sweep), `layers` (the import contract between packages), `titan` (TorchTitan's
 training entry point on tpu and its CPU oracle), `pytorch_tests` (PyTorch's own device-generic test files
-on tpu vs CPU)."""
+on tpu vs CPU), `transformers_tests` (Transformers' own model and generate tests on tpu vs CPU)."""
 from __future__ import annotations
 
 import importlib
@@ -12,6 +12,7 @@ VALIDATORS: dict[str, str] = {
     "layers": "torchtpu.validate.layers:main",
     "titan": "torchtpu.validate.titan:main",
     "pytorch_tests": "torchtpu.validate.pytorch_tests:main",
+    "transformers_tests": "torchtpu.validate.transformers_tests:main",
 }
 
 
