@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-v2
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; never a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy pytest pytest-xdist expecttest safetensors matplotlib transformers==5.24.0 accelerate==1.15.0 diffusers==0.42.1 helion==1.5.1 tokamax==0.0.12 \
+	$(BIN)/pip install -q torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy pytest pytest-xdist expecttest safetensors matplotlib transformers==5.24.0 accelerate==1.15.0 diffusers==0.42.1 parameterized==0.9.0 pytest-timeout==2.4.0 helion==1.5.1 tokamax==0.0.12 \
 		torchtitan==0.3.0 trl==1.16.0 peft==0.21.2 datasets==4.7.0 fastapi==0.165.0 uvicorn==0.55.0 openai==3.57.0 typeguard==2.13.3 torchao==0.18.0
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
