@@ -19,6 +19,7 @@ import torch
 from ..ops.registry import Lowering
 from ..runtime import leaf as _leaf
 from ..runtime import placement
+from ..runtime import storage as _storage
 from ..runtime.jaxenv import torch_to_numpy
 
 TENSOR, SCALAR, LIST, VALUE = "T", "S", "L", "V"
@@ -74,7 +75,7 @@ class Flat(_leaf.Leaves):
             except KeyError:
                 if t.device.type != "tpu":
                     raise _device_error(low, self.tensors, str(t.device)) from None
-                raise
+                raise RuntimeError(f"{low.name}: {_storage.NO_BUFFER}") from None
             self.leaves.append(_leaf.leaf_of(t, self.slot(entry), self.offsets))
         self.tensors.append(t)
         return (TENSOR, len(self.leaves) - 1)
