@@ -170,7 +170,8 @@ _PROMOTED = {  # float16 with a complex scalar (or 0-d complex tensor): complex3
     "rsub": lambda h: (0.7 + 1j) - h, "mul": lambda h: h * (0.3 - 0.7j), "mul_0d": lambda h: h * torch.tensor(1j),
     "add_0d_cfloat": lambda h: h + torch.tensor(0.1 + 0.2j, dtype=torch.complex64),
     "where": lambda h: torch.where(h > 0, h, 2.2 - 1j), "sgn": lambda h: (h + 1j).sgn(),
-    "eq": lambda h: h == 1j, "add_out": lambda h: torch.add(h, 1j, out=torch.empty(h.shape, dtype=torch.chalf, device=h.device)),
+    "eq": lambda h: h == 1j, "half_cfloat": lambda h: h + h.nan_to_num(0, 0, 0).to(torch.complex64) * 1j,  # complex64: no carrier
+    "half0d_cdouble": lambda h: h[3] * h.nan_to_num(0, 0, 0).to(torch.complex128), "add_out": lambda h: torch.add(h, 1j, out=torch.empty(h.shape, dtype=torch.chalf, device=h.device)),
 }
 _PROMOTED_REFUSED = {"div": lambda h: h / 1j, "lt": lambda h: h < 1j, "pow": lambda h: h ** 1j,
                      "mul_": lambda h: h.clone().mul_(1j), "addcmul": lambda h: torch.addcmul(h, h, h, value=1j)}

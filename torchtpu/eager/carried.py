@@ -24,6 +24,8 @@ kernels (compile/__init__.py), since the graph lowering sees only carriers.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -78,7 +80,12 @@ def involved(args, kwargs) -> bool:
                 for y in x:
                     if isinstance(y, torch.Tensor) and y.dtype in CARRIED:
                         return True
-    return half and cplx
+    return half and cplx and not getattr(_plain, "on", False)
+
+
+# set (per thread: a guard of this call stack) while a call that involved() flagged only for
+# float16 with a complex operand runs as it is, CPU having said its result is not complex32
+_plain = threading.local()
 
 
 def _verdict(op, args, kwargs):
@@ -129,6 +136,13 @@ def call(op, args, kwargs, run):
             and a.device.type == "tpu" else a  # noqa: E731
         args, kwargs = tree_map(half, (tuple(args), kwargs))
         return call(op, args, kwargs, run)
+    if not _carries(args, kwargs):  # float16 with complex64 (say): nothing carried, run it as it is
+        was = getattr(_plain, "on", False)
+        _plain.on = True
+        try:
+            return run(tuple(args), kwargs)
+        finally:
+            _plain.on = was
     if name in _ALPHA and op._overloadname in ("Tensor", "Scalar") and any(
             isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:2]):
         res = _alpha_sum(name, *args, half=dtypes == torch.complex32, **kwargs)
@@ -207,6 +221,12 @@ def call(op, args, kwargs, run):
     if isinstance(res, (list, tuple)) and isinstance(dtypes, (list, tuple)):
         return type(res)(fix(r, d) for r, d in zip(res, dtypes))
     return fix(res, dtypes)
+
+
+def _carries(args, kwargs) -> bool:
+    """A tensor of a carried dtype among the arguments, or a carried dtype named."""
+    return any((isinstance(a, torch.Tensor) and a.dtype in CARRIED) or (isinstance(a, torch.dtype) and a in CARRIED)
+               for a in tree_leaves((args, kwargs)))
 
 
 def _promotes_half(args, kwargs) -> bool:
