@@ -139,8 +139,9 @@ def _execute(low: Lowering, args, kwargs):
            torch.get_default_dtype(), bucketed)
     compiled = _cache.get(key)
     if compiled is None:
-        if low.own_schema:
-            argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
+        cplx = argcheck.complex_into_real(args, kwargs)
+        if low.own_schema or cplx:  # CPU's argument checks, once per signature
+            argcheck.check(low.overload, args, kwargs, ask_cpu=cplx)
         compiled = Compiled()
         compiled.key = key
         compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,
