@@ -229,6 +229,18 @@ def test_complex32_factory_as_first_carried_call(mode):
         assert_bits(got, fn("cpu"))
 
 
+def test_carried_dtypes_empty_tensors():
+    """Zero-element complex32 / uint4 tensors through calls CPU decides (eager/carried.py): their
+    CPU stand-ins are built from an empty buffer (test_tensor_factories_empty)."""
+    for dt in (torch.chalf, torch.uint4):
+        for shape in [(5, 0, 1), (0,)]:
+            for fn in (lambda d: torch.empty(shape, device=d, dtype=dt)[..., :0].clone(),
+                       lambda d: torch.full_like(torch.zeros(shape, device=d, dtype=dt), 3) if dt == torch.chalf
+                       else torch.empty(shape, device=d, dtype=dt).clone()):
+                got, want = fn("tpu"), cpu(fn, "cpu")
+                assert (got.shape, got.dtype) == (want.shape, want.dtype), (dt, shape)
+
+
 # ----------------------------------------------------------------------------- sub-byte and bits
 
 

@@ -313,7 +313,8 @@ def _cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
             raw = np.array(transfer.buffer(entry)).reshape(-1).view(np.uint8)
             if raw.size % t.element_size():
                 raise TypeError("a view of another dtype")
-            base = torch.from_numpy(raw.copy()).view(t.dtype)
+            # (an empty buffer: numpy's 0-byte array comes with stride 0, which .view refuses)
+            base = torch.from_numpy(raw.copy()).view(t.dtype) if raw.size else torch.empty(0, dtype=t.dtype)
         else:
             base = numpy_to_torch(np.array(transfer.buffer(entry))).clone()  # resizable
         bases[key] = base
