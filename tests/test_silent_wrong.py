@@ -219,7 +219,7 @@ _COMPLEX_INTO_REAL = {
     "full": lambda t: torch.full((2,), 1j, dtype=t.dtype, device=t.device), "lerp": lambda t: torch.lerp(t, t, 1j),
     "addcmul_zero_imag": lambda t: torch.addcmul(t, t, t, value=2 + 0j), "addcmul": lambda t: torch.addcmul(t, t, t, value=2j),
     "index_fill": lambda t: t.index_fill(0, torch.tensor([0], device=t.device), 1j), "clamp_min": lambda t: t.clamp_min(1j),
-    "mul": lambda t: t * (1 - 2j),
+    "mul": lambda t: t * (1 - 2j), "clamp_zero_imag": lambda t: t.clamp(min=1 + 0j),  # a float self keeps its dtype
 }
 
 
