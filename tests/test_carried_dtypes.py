@@ -165,6 +165,82 @@ def test_complex32_refuses_what_cpu_refuses(mode):
         assert str(want).splitlines()[0] in str(got.value), (name, str(got.value)[:300])
 
 
+_PROMOTED = {  # float16 with a complex scalar (or 0-d complex tensor): complex32 on CPU
+    "add": lambda h: h + (1.1 + 2.3j), "radd": lambda h: 1j + h, "sub_alpha": lambda h: h.sub(0.3 - 1.7j, alpha=3),
+    "rsub": lambda h: (0.7 + 1j) - h, "mul": lambda h: h * (0.3 - 0.7j), "mul_0d": lambda h: h * torch.tensor(1j),
+    "add_0d_cfloat": lambda h: h + torch.tensor(0.1 + 0.2j, dtype=torch.complex64),
+    "where": lambda h: torch.where(h > 0, h, 2.2 - 1j), "sgn": lambda h: (h + 1j).sgn(),
+    "eq": lambda h: h == 1j, "half_cfloat": lambda h: h + h.nan_to_num(0, 0, 0).to(torch.complex64) * 1j,  # complex64: no carrier
+    "half0d_cdouble": lambda h: h[3] * h.nan_to_num(0, 0, 0).to(torch.complex128), "add_out": lambda h: torch.add(h, 1j, out=torch.empty(h.shape, dtype=torch.chalf, device=h.device)),
+}
+_PROMOTED_REFUSED = {"div": lambda h: h / 1j, "lt": lambda h: h < 1j, "pow": lambda h: h ** 1j,
+                     "mul_": lambda h: h.clone().mul_(1j), "addcmul": lambda h: torch.addcmul(h, h, h, value=1j)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_complex32_as_promoted_result(mode):
+    """x_f16 + 1j is complex32 as on CPU (each part rounded once from complex64), also as the
+    process's first complex32 (the kernel entries only look for carried dtypes once one has been
+    seen: executor.execute hands that first call back to eager/carried.py); what CPU refuses
+    raises CPU's error."""
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
+
+    h = _chalf(16, seed=4).real.clone()
+    for first in (True, False):
+        for name, fn in _PROMOTED.items():
+            if mode == "compile" and name not in ("add", "mul_0d", "where"):
+                continue
+            try:
+                CARRIED_SEEN[0] = not first and CARRIED_SEEN[0]
+                assert_bits(run(mode, fn, h), cpu(fn, h))
+            except AssertionError as err:
+                raise AssertionError(f"{name} (first carried call: {first}): {err}") from None
+            finally:
+                CARRIED_SEEN[0] = True  # tensors of carried dtypes exist: every call is checked
+    for name, fn in _PROMOTED_REFUSED.items():
+        if mode == "compile" and name != "div":
+            continue
+        try:
+            cpu(fn, h)
+        except Exception as err:  # noqa: BLE001
+            want = err
+        else:
+            raise AssertionError(f"{name}: CPU accepts it")
+        with pytest.raises(type(want)) as got:
+            run(mode, fn, h)
+        assert str(want).splitlines()[0] in str(got.value), (name, str(got.value)[:300])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_complex32_factory_as_first_carried_call(mode):
+    """torch.ones(dtype=torch.chalf) as the process's first carried-dtype call is complex32, not
+    its uint32 carrier (the lowering ran on the carrier before anything had been seen)."""
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
+
+    for fn in (lambda d: torch.ones(3, dtype=torch.chalf, device=d),
+               lambda d: torch.full((2,), 1.5 - 2j, dtype=torch.chalf, device=d),
+               lambda d: torch.scalar_tensor(1j, dtype=torch.chalf, device=d)):
+        CARRIED_SEEN[0] = False
+        try:
+            with torchtpu.eager_mode(mode):
+                got = fn("tpu").cpu()
+        finally:
+            CARRIED_SEEN[0] = True
+        assert_bits(got, fn("cpu"))
+
+
+def test_carried_dtypes_empty_tensors():
+    """Zero-element complex32 / uint4 tensors through calls CPU decides (eager/carried.py): their
+    CPU stand-ins are built from an empty buffer (test_tensor_factories_empty)."""
+    for dt in (torch.chalf, torch.uint4):
+        for shape in [(5, 0, 1), (0,)]:
+            for fn in (lambda d: torch.empty(shape, device=d, dtype=dt)[..., :0].clone(),
+                       lambda d: torch.full_like(torch.zeros(shape, device=d, dtype=dt), 3) if dt == torch.chalf
+                       else torch.empty(shape, device=d, dtype=dt).clone()):
+                got, want = fn("tpu"), cpu(fn, "cpu")
+                assert (got.shape, got.dtype) == (want.shape, want.dtype), (dt, shape)
+
+
 # ----------------------------------------------------------------------------- sub-byte and bits
 
 

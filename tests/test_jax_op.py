@@ -316,6 +316,37 @@ def test_dlpack_both_ways():
         assert torch.from_dlpack(jnp.arange(3.0)).device.type == "cpu"
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_dlpack_capsules_and_tpu_producers(mode):
+    """to_dlpack(tpu tensor) is its JAX buffer's capsule (PyTorch's C++ exporter gave a null
+    pointer); from_dlpack of a tpu tensor shares its storage as CUDA's does; a raw capsule reaches
+    device="tpu"; a tensor made from a C++ exporter's capsule names DLPack, not a bare KeyError."""
+    from torch.utils.dlpack import to_dlpack
+
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    with torchtpu.eager_mode(mode):
+        t = x.to("tpu") * 2
+        cap = to_dlpack(t)
+        back = torch.from_dlpack(cap)  # the capsule describes where JAX holds the buffer
+        assert torch.equal(back.cpu(), x * 2)
+        if torchtpu.platform() == "cpu":  # host memory on XLA:CPU
+            assert back.device.type == "cpu"
+        onto = torch.asarray(to_dlpack(t), device="tpu")
+        assert onto.device.type == "tpu" and torch.equal(onto.cpu(), x * 2)
+        assert torch.equal(torch.from_dlpack(to_dlpack(x), device="tpu").cpu(), x)
+        same = torch.from_dlpack(t)
+        assert same.device == t.device
+        same.add_(1)  # an alias, as torch.from_dlpack of a CUDA tensor is
+        assert torch.equal(t.cpu(), x * 2 + 1)
+        copied = torch.from_dlpack(t, copy=True)
+        copied.add_(1)
+        assert torch.equal(t.cpu(), x * 2 + 1)
+        assert t.__dlpack_device__() == torchtpu.to_jax(t).__dlpack_device__()
+        bad = torch._C._from_dlpack(torch._C._to_dlpack(t))
+        with pytest.raises(RuntimeError, match="no device buffer.*DLPack"):
+            (bad + 1).cpu()
+
+
 # --- the README's examples -------------------------------------------------------------------
 
 

@@ -209,3 +209,27 @@ def test_resize_memory_format():
     y = torch.arange(120.0).resize_(2, 3, 4, 5, memory_format=torch.channels_last)
     assert torch.equal(x.cpu(), y)
     _same(lambda d: torch.empty(0, device=d).resize_(2, 3, memory_format=torch.channels_last))
+
+
+# --- a complex scalar into real tensors: CPU refuses most such calls in its kernels ------------
+
+_COMPLEX_INTO_REAL = {
+    "lt": lambda t: t < 1j, "ge_zero_imag": lambda t: t >= 1 + 0j, "maximum_0d": lambda t: torch.maximum(t, torch.tensor(1j)),
+    "fill_zero_imag": lambda t: t.clone().fill_(3 + 0j), "fill_": lambda t: t.clone().fill_(1j),
+    "full": lambda t: torch.full((2,), 1j, dtype=t.dtype, device=t.device), "lerp": lambda t: torch.lerp(t, t, 1j),
+    "addcmul_zero_imag": lambda t: torch.addcmul(t, t, t, value=2 + 0j), "addcmul": lambda t: torch.addcmul(t, t, t, value=2j),
+    "index_fill": lambda t: t.index_fill(0, torch.tensor([0], device=t.device), 1j), "clamp_min": lambda t: t.clamp_min(1j),
+    "mul": lambda t: t * (1 - 2j), "clamp_zero_imag": lambda t: t.clamp(min=1 + 0j),  # a float self keeps its dtype
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_complex_scalar_into_real_tensor(dtype, mode):
+    """fill_(1j), t < 1j, lerp(weight=1j), ... raise CPU's error (tpu returned zeros, the real part
+    or a complex result); 1+0j converts where CPU converts it (the imaginary part being 0 or not
+    keys its own signature: the first call must not decide for the other)."""
+    for name, fn in _COMPLEX_INTO_REAL.items():
+        try:
+            _same(lambda d: fn(torch.tensor([1.5, -2.25, 4.0], device=d).to(dtype)))
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from None

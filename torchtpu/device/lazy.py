@@ -211,6 +211,17 @@ def _from_dlpack(original):
     return from_dlpack
 
 
+def _to_dlpack(original):
+    def to_dlpack(tensor):
+        # a tpu tensor exists: torchtpu has loaded, and Tensor.__dlpack__ exports its JAX buffer
+        # (kernels/interop.py); PyTorch's C++ exporter would give a capsule with no data
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            return tensor.__dlpack__()
+        return original(tensor)
+
+    return to_dlpack
+
+
 def _create_process_group(backend_opts, pg_options):
     load_torchtpu()
     from torchtpu.distributed import backend
@@ -252,6 +263,7 @@ def bind() -> None:
         dlpack = _from_dlpack(torch.utils.dlpack.from_dlpack)
         _patch(torch, "from_dlpack", dlpack)
         _patch(torch.utils.dlpack, "from_dlpack", dlpack)
+        _patch(torch.utils.dlpack, "to_dlpack", _to_dlpack(torch.utils.dlpack.to_dlpack))
         import torch.distributed as dist
 
         if dist.is_available() and "tpu" not in dist.Backend.backend_list:

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..runtime import cache as _caches
 from ..runtime.jaxenv import CARRIED, NARROW_FLOATS
@@ -149,6 +149,27 @@ def _mixed_dtypes(op, args, kwargs) -> bool:
     if op._schema.name == "aten::polar":  # "Expected both inputs to be Half, Float or Double tensors"
         return len(dts) > 1 or not dts <= {torch.float16, torch.float32, torch.float64}
     return len(dts) > 1 or any(d.is_complex for d in dts)
+
+
+def complex_into_real(args, kwargs) -> bool:
+    """A complex scalar (a Python complex, a 0-d CPU complex tensor) in a call with no complex
+    tpu tensor nor complex dtype=: CPU refuses most such calls (a comparison, clamp or maximum
+    with a complex, "value cannot be converted to type float without overflow" for fill_, full,
+    addcmul's value, lerp's weight when the imaginary part is not 0) in its kernels, where
+    meta kernels do not look; so CPU is asked, once per signature (which tells a zero
+    imaginary part from another, eager/op_args.py)."""
+    found = False
+    for a in tree_leaves((args, kwargs)):
+        if type(a) is complex:
+            found = True
+        elif isinstance(a, torch.Tensor):
+            if a.is_complex():
+                if a.device.type != "cpu" or a.dim():
+                    return False
+                found = True
+        elif isinstance(a, torch.dtype) and a.is_complex:
+            return False
+    return found
 
 
 def odd_out_dtype(args, kwargs, outs) -> bool:
@@ -292,7 +313,8 @@ def cpu_of(t: torch.Tensor, bases: dict) -> torch.Tensor:
             raw = np.array(transfer.buffer(entry)).reshape(-1).view(np.uint8)
             if raw.size % t.element_size():
                 raise TypeError("a view of another dtype")
-            base = torch.from_numpy(raw.copy()).view(t.dtype)
+            # (an empty buffer: numpy's 0-byte array comes with stride 0, which .view refuses)
+            base = torch.from_numpy(raw.copy()).view(t.dtype) if raw.size else torch.empty(0, dtype=t.dtype)
         else:
             base = numpy_to_torch(np.array(transfer.buffer(entry))).clone()  # resizable
         bases[key] = base

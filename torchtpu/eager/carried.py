@@ -24,6 +24,8 @@ kernels (compile/__init__.py), since the graph lowering sees only carriers.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -48,24 +50,42 @@ def note(dtype) -> None:
         seen[0] = True
 
 
+class FirstSeen(Exception):
+    """Raised by the executor (eager/executor.execute) when the call it ran is the first of the
+    process to name a carried dtype (dtype=torch.complex32 before any such tensor existed, a
+    float16 tensor promoted with a complex scalar to complex32): the lowering computed on the
+    carrier, so the kernel entry that called it serves the call again through `call`."""
+
+
 def involved(args, kwargs) -> bool:
-    """A tensor of a carried dtype among the arguments, or dtype= one."""
+    """A tensor of a carried dtype among the arguments, or dtype= one, or a float16 tensor with
+    a complex scalar or tensor (CPU promotes those to complex32)."""
     d = kwargs.get("dtype") if kwargs else None
     if d is not None and d in CARRIED:
         return True
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.dtype in CARRIED:
-                return True
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                if isinstance(x, torch.Tensor) and x.dtype in CARRIED:
+    half = cplx = False
+    for a in (args, kwargs.values()) if kwargs else (args,):
+        for x in a:
+            if isinstance(x, torch.Tensor):
+                dt = x.dtype
+                if dt in CARRIED:
                     return True
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor) and a.dtype in CARRIED:
-                return True
-    return False
+                if dt is torch.float16:
+                    half = True
+                elif dt.is_complex:
+                    cplx = True
+            elif type(x) is complex:
+                cplx = True
+            elif isinstance(x, (list, tuple)):
+                for y in x:
+                    if isinstance(y, torch.Tensor) and y.dtype in CARRIED:
+                        return True
+    return half and cplx and not getattr(_plain, "on", False)
+
+
+# set (per thread: a guard of this call stack) while a call that involved() flagged only for
+# float16 with a complex operand runs as it is, CPU having said its result is not complex32
+_plain = threading.local()
 
 
 def _verdict(op, args, kwargs):
@@ -109,13 +129,28 @@ def call(op, args, kwargs, run):
         raise type(err)(*err.args) if type(err) in (RuntimeError, NotImplementedError, TypeError,
                                                      ValueError, IndexError) else err
     name = op._schema.name
+    if _promotes_half(args, kwargs) and _in_complex32(name, args, dtypes):
+        # float16 with a complex scalar (or 0-d complex tensor), computed in complex32: CPU's
+        # TensorIterator casts the float16 operands to complex32 (exact) first
+        half = lambda a: a.to(torch.complex32) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 \
+            and a.device.type == "tpu" else a  # noqa: E731
+        args, kwargs = tree_map(half, (tuple(args), kwargs))
+        return call(op, args, kwargs, run)
+    if not _carries(args, kwargs):  # float16 with complex64 (say): nothing carried, run it as it is
+        was = getattr(_plain, "on", False)
+        _plain.on = True
+        try:
+            return run(tuple(args), kwargs)
+        finally:
+            _plain.on = was
     if name in _ALPHA and op._overloadname in ("Tensor", "Scalar") and any(
             isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:2]):
-        res = _alpha_sum(name, *args, **kwargs)
+        res = _alpha_sum(name, *args, half=dtypes == torch.complex32, **kwargs)
         if name.endswith("_"):
-            store(args[0], widen(res))
+            store(args[0], res)
             return args[0]
-        return res
+        # CPU's result dtype: complex32 also with a 0-d complex64 tensor as the other operand
+        return narrow(res) if dtypes == torch.complex32 else res
     all32 = all(isinstance(a, torch.Tensor) and a.dtype == torch.complex32 for a in args[:3])
     if name == "aten::addcmul" and not op._schema.is_mutable and all32:
         return _addcmul(*args, **kwargs)
@@ -153,6 +188,12 @@ def call(op, args, kwargs, run):
             return CARRIED[a]
         return a
 
+    if _in_complex32(name, args, dtypes):
+        # CPU casts every operand to the common dtype complex32 before computing: a Python
+        # float/complex scalar or a 0-d CPU tensor is rounded to float16 parts first
+        base = conv
+        conv = lambda a: base(_rounded(a))  # noqa: E731
+
     cargs, ckwargs = tree_map(conv, (list(args), kwargs))
     res = run(tuple(cargs), ckwargs)
     back = {id(w): a for a, w in widened.values()}
@@ -182,6 +223,46 @@ def call(op, args, kwargs, run):
     return fix(res, dtypes)
 
 
+def _carries(args, kwargs) -> bool:
+    """A tensor of a carried dtype among the arguments, or a carried dtype named."""
+    return any((isinstance(a, torch.Tensor) and a.dtype in CARRIED) or (isinstance(a, torch.dtype) and a in CARRIED)
+               for a in tree_leaves((args, kwargs)))
+
+
+def _promotes_half(args, kwargs) -> bool:
+    """A float16 tpu tensor and a complex operand that is not complex32 (a Python complex, a
+    complex tensor): their promotion may be complex32."""
+    half = cplx = False
+    for a in tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor):
+            half |= a.dtype == torch.float16 and a.device.type == "tpu"
+            cplx |= a.is_complex() and a.dtype != torch.complex32
+        elif type(a) is complex:
+            cplx = True
+    return half and cplx
+
+
+def _in_complex32(name, args, dtypes) -> bool:
+    """CPU computes the call in complex32: a complex32 result, or a comparison of complex32
+    tensors with scalars."""
+    if any(d == torch.complex32 for d in tree_leaves(dtypes)):
+        return True
+    return name in ("aten::eq", "aten::ne") and all(
+        a.dtype == torch.complex32 or a.dim() == 0 and a.device.type == "cpu"
+        for a in args[:2] if isinstance(a, torch.Tensor))
+
+
+def _rounded(a):
+    """A Python float/complex (or 0-d CPU float/complex tensor) as complex32 holds it."""
+    if type(a) in (float, complex):
+        c = torch.tensor(a, dtype=torch.complex64).to(torch.complex32).to(torch.complex64).item()
+        return c if type(a) is complex else c.real
+    if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0 \
+            and (a.is_complex() or a.is_floating_point()) and a.dtype != torch.complex32:
+        return a.to(torch.complex32).to(torch.complex64) if a.is_complex() else a.half()
+    return a
+
+
 def _plain_complex32(op, args, kwargs, dtypes) -> bool:
     """Every tensor of the call and result (CPU's) is complex32 or not complex, none conjugated,
     and no Scalar is complex: a move of complex32 elements is a move of their bits."""
@@ -208,26 +289,31 @@ def complex_of_halves(real, imag, run):
 _ALPHA = frozenset(["aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::rsub"])
 
 
-def _alpha_sum(name, self, other, alpha=1):
+def _alpha_sum(name, self, other, alpha=1, half=True):
     """add / sub / rsub with a complex32 operand as CPU's kernel computes them: a + alpha * b (sub:
-    -alpha) in
-    complex<float>, the product by alpha a full complex product even for alpha 1 (so an
-    infinite part of b meets 0 * inf: NaN, as on CPU), rounded once."""
+    -alpha), each operation in complex<float> rounded to complex32 where the result is complex32
+    (`half`: c10::complex<Half> arithmetic; a scalar operand and alpha rounded first, the product
+    by alpha a full complex product even for alpha 1, so an infinite part of b meets 0 * inf:
+    NaN, as on CPU); in complex64 (or wider) otherwise. The sum is unrounded: call() rounds it."""
     a = widen(self) if isinstance(self, torch.Tensor) and self.dtype == torch.complex32 else self
     b = widen(other) if isinstance(other, torch.Tensor) and other.dtype == torch.complex32 else other
     if name == "aten::rsub":
         a, b = b, a
+    if half:
+        a, b = _rounded(a), _rounded(b)
+    if not isinstance(a, torch.Tensor):
+        a = torch.tensor(a, dtype=torch.complex64)
     if not isinstance(b, torch.Tensor):
         b = torch.tensor(b, dtype=torch.complex64)
     alpha = complex(alpha)
     if name != "aten::add" and name != "aten::add_":  # a + (-alpha) * b, as CPU's sub
         alpha = -alpha
-    alpha = torch.tensor(alpha, dtype=torch.complex64)
+    alpha = torch.tensor(_rounded(alpha) if half else alpha, dtype=torch.complex64)
+    dev = a.device if a.device.type == "tpu" else b.device
     prod = b.to(torch.complex64) * alpha if b.device.type == "cpu" else b * alpha.to(b.device)
-    out = a + prod
-    if not (out.dtype == torch.complex64 and {t.dtype for t in (self, other) if isinstance(t, torch.Tensor)} <= {torch.complex32, torch.float16}):
-        return out  # a wider type took part (complex64 + complex32 is complex64)
-    return narrow(out)
+    if half:
+        prod = widen(narrow(prod.to(dev)))
+    return a.to(dev) + prod.to(dev) if a.dim() == 0 and a.device.type == "cpu" else a + prod
 
 
 def _addcmul(self, tensor1, tensor2, *, value=1):

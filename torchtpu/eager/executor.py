@@ -22,8 +22,9 @@ from ..runtime import checks as _pending_checks
 from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, tensors
 from ..runtime.executables import clock
 from ..runtime.executables import ops as _cache
+from ..runtime.jaxenv import CARRIED as _CARRIED, CARRIED_SEEN as _CARRIED_SEEN
 from ..runtime.signature import Signature
-from . import argcheck, deferred, extents, growth, memory_format, modes, scalars
+from . import argcheck, carried, deferred, extents, growth, memory_format, modes, scalars
 from .op_args import flatten
 from .op_errors import describe, user_error
 from .op_program import PACKED_DTYPES as _PACKED_DTYPES  # noqa: F401  (tests build avals with it)
@@ -78,6 +79,28 @@ def intercept(name: str, fn) -> None:
 
 
 def execute(low: Lowering, args, kwargs):
+    if not _CARRIED_SEEN[0]:
+        # no carried dtype (complex32, uint4, ...) in the process yet, so the kernel entries did
+        # not look for one: a call that names the first (dtype=torch.complex32, float16 promoted
+        # with a complex scalar) had its lowering compute on the carrier; its kernel entry
+        # serves it again through eager/carried.py (a dtype= one before it runs: a deferred
+        # call traces nothing when recorded)
+        if kwargs and kwargs.get("dtype") in _CARRIED:
+            _CARRIED_SEEN[0] = True
+            raise carried.FirstSeen(low.name)
+        try:
+            res = _execute_placed(low, args, kwargs)
+        except Exception:
+            if _CARRIED_SEEN[0] and carried.involved(args, kwargs):
+                raise carried.FirstSeen(low.name) from None
+            raise
+        if _CARRIED_SEEN[0] and carried.involved(args, kwargs):
+            raise carried.FirstSeen(low.name)
+        return res
+    return _execute_placed(low, args, kwargs)
+
+
+def _execute_placed(low: Lowering, args, kwargs):
     if placement.spread() or (kwargs and placement.names_other(kwargs.get("device"))):
         # more than tpu:0 in use: the call runs on its tensors' (or its device='s) device
         with placement.on(placement.call_index(low.name, args, kwargs)):
@@ -120,8 +143,9 @@ def _execute(low: Lowering, args, kwargs):
                                  (_checks.enabled_cell[0], torch.get_default_dtype(), bucketed)))
     compiled = _cache.get(key)
     if compiled is None:
-        if low.own_schema:
-            argcheck.check(low.overload, args, kwargs)  # CPU's argument checks, once per signature
+        cplx = argcheck.complex_into_real(args, kwargs)
+        if low.own_schema or cplx:  # CPU's argument checks, once per signature
+            argcheck.check(low.overload, args, kwargs, ask_cpu=cplx)
         compiled = Compiled()
         compiled.key = key
         compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,

@@ -51,14 +51,20 @@ def _functional_kernel(low: Lowering):
             if _SEEN[0] and carried.involved(args, kwargs):  # complex32, uint4, ...: eager/carried.py
                 return carried.call(op, args, kwargs, lambda a, k: checked(*a, **k))
             check(*args, **kwargs)
-            return execute(low, args, kwargs)
+            try:
+                return execute(low, args, kwargs)
+            except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
+                return carried.call(op, args, kwargs, lambda a, k: checked(*a, **k))
 
         return checked
 
     def kernel(*args, **kwargs):
         if _SEEN[0] and carried.involved(args, kwargs):
             return carried.call(op, args, kwargs, lambda a, k: execute(low, a, k))
-        return execute(low, args, kwargs)
+        try:
+            return execute(low, args, kwargs)
+        except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
+            return carried.call(op, args, kwargs, lambda a, k: execute(low, a, k))
 
     if low.name == "complex":  # two float16 tensors make a complex32
         return lambda real, imag: carried.complex_of_halves(real, imag, kernel)
@@ -93,7 +99,10 @@ def _out_kernel(low: Lowering):
         argcheck.check_once(op, args, kwargs, key, ask_cpu=argcheck.odd_out_dtype(args, kwargs, outs_names))
         full = dict(kwargs)
         outs = [kwargs.pop(n) for n in outs_names]
-        result = execute(functional, args, kwargs)
+        try:
+            result = execute(functional, args, kwargs)
+        except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
+            return carried.call(op, args, full, lambda a, k: kernel(*a, **k))
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         if any(o.dtype != r.dtype for o, r in zip(outs, results)):
             # CPU's out= dtype rules differ by op (an exact match for neg/floor, a safe cast for
@@ -172,7 +181,10 @@ def _checked_kernel(fn, op):
         # the out= of a hand-written kernel (nonzero(out=float)): CPU's checks decide, once per
         # signature (these are rare, data-dependent ops)
         argcheck.check_once(op, args, kwargs, argcheck.signature(op, args, kwargs), ask_cpu=bool(outs))
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
+            return carried.call(op, args, kwargs, lambda a, k: kernel(*a, **k))
 
     return kernel
 

@@ -6,7 +6,7 @@ The encoding of each argument (a small tuple tagged by its first element) is par
 the executable's cache key and tells the program how to rebuild the call:
 
     (TENSOR, i)         the i-th leaf's value
-    (SCALAR, type)      the next runtime scalar
+    (SCALAR, type)      the next runtime scalar (complex: with whether its imaginary part is 0)
     (LIST, (spec,...))  a list of encoded items
     (VALUE, v[, types]) a static value (a tuple stands for a list), with its numbers' types
     None                None
@@ -19,6 +19,7 @@ import torch
 from ..ops.registry import Lowering
 from ..runtime import leaf as _leaf
 from ..runtime import placement
+from ..runtime import storage as _storage
 from ..runtime.jaxenv import torch_to_numpy
 
 TENSOR, SCALAR, LIST, VALUE = "T", "S", "L", "V"
@@ -74,7 +75,7 @@ class Flat(_leaf.Leaves):
             except KeyError:
                 if t.device.type != "tpu":
                     raise _device_error(low, self.tensors, str(t.device)) from None
-                raise
+                raise RuntimeError(f"{low.name}: {_storage.NO_BUFFER}") from None
             self.leaves.append(_leaf.leaf_of(t, self.slot(entry), self.offsets))
         self.tensors.append(t)
         return (TENSOR, len(self.leaves) - 1)
@@ -89,7 +90,9 @@ class Flat(_leaf.Leaves):
             # A Python number where a Tensor is expected is a wrapped scalar: a runtime value too.
             if kind in ("scalar", "scalar_list", "tensor") and info.name not in low.static:
                 self.dyn.append(v)
-                return (SCALAR, type(v))
+                # a complex one's imaginary part, zero or not, keys its own signature: CPU
+                # converts 1+0j into a real tensor's dtype and refuses 1j (argcheck.py)
+                return (SCALAR, complex, v.imag != 0) if type(v) is complex else (SCALAR, type(v))
             # the type is part of the key: 3 == 3.0 == True hash alike, and arange(3.0) is
             # float32 where arange(3) is int64
             return (VALUE, v, type(v))

@@ -59,18 +59,37 @@ def from_jax(a) -> torch.Tensor:
 _orig_dlpack = torch.Tensor.__dlpack__
 _orig_dlpack_device = torch.Tensor.__dlpack_device__
 _orig_from_dlpack = torch.utils.dlpack.from_dlpack
+_orig_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _jax_dlpack(self, what, fn):
+    try:
+        return fn(to_jax(self))
+    except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as err:
+        if str(err).startswith("torchtpu"):
+            raise
+        raise BufferError(f"torchtpu: DLPack {what} of a tpu tensor ({self.device}, platform "
+                          f"{jaxenv.platform()}): JAX cannot export its buffer: {err}") from err
 
 
 def _dlpack(self, *args, **kwargs):
     if self.device.type == "tpu":
-        return to_jax(self).__dlpack__(*args, **kwargs)
+        return _jax_dlpack(self, "export", lambda a: a.__dlpack__(*args, **kwargs))
     return _orig_dlpack(self, *args, **kwargs)
 
 
 def _dlpack_device(self):
     if self.device.type == "tpu":
-        return to_jax(self).__dlpack_device__()
+        return _jax_dlpack(self, "device", lambda a: a.__dlpack_device__())
     return _orig_dlpack_device(self)
+
+
+def to_dlpack(tensor):
+    """torch.utils.dlpack.to_dlpack: a tpu tensor's capsule is its JAX buffer's (PyTorch's C++
+    exporter would describe the tpu storage, which holds no bytes, by a null pointer)."""
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+        return _dlpack(tensor)
+    return _orig_to_dlpack(tensor)
 
 
 def _on_tpu_device(ext) -> bool:
@@ -80,9 +99,19 @@ def _on_tpu_device(ext) -> bool:
 
 def from_dlpack(ext_tensor, *, device=None, copy=None) -> torch.Tensor:
     target = torch.device(device) if device is not None else None
+    if isinstance(ext_tensor, torch.Tensor) and ext_tensor.device.type == "tpu" and (
+            target is None or target == ext_tensor.device or (target.type == "tpu" and target.index is None)):
+        # a tpu tensor producer on its own device: a tensor sharing its storage, as CUDA's
+        return ext_tensor.detach().clone() if copy else ext_tensor.detach()
     if (target is not None and target.type == "tpu") or (target is None and _on_tpu_device(ext_tensor)):
         if target is not None and target.index is not None:
             placement.index_of(target, "from_dlpack")
+        if isinstance(ext_tensor, torch.Tensor) and ext_tensor.device.type == "tpu":
+            return ext_tensor.detach().to(target, copy=bool(copy))  # another tpu device: a copy
+        if not isinstance(ext_tensor, jax.Array) and not hasattr(ext_tensor, "__dlpack__"):
+            # a raw capsule (to_dlpack's): JAX reads only producers; PyTorch reads it on the
+            # host or device it describes, and the tensor moves to tpu
+            return _orig_from_dlpack(ext_tensor).to(target)
         a = ext_tensor if isinstance(ext_tensor, jax.Array) else jax.dlpack.from_dlpack(ext_tensor)
         if copy:
             a = a.copy()
@@ -101,4 +130,5 @@ def install() -> None:
         torch.Tensor.__dlpack__ = _dlpack
         torch.Tensor.__dlpack_device__ = _dlpack_device
         torch.utils.dlpack.from_dlpack = from_dlpack
+        torch.utils.dlpack.to_dlpack = to_dlpack
         torch.from_dlpack = from_dlpack

@@ -432,11 +432,16 @@ def _clamp(x, lo, hi):
     return x
 
 
-@lower("clamp", promote=DEFAULT, promote_args=("self", "min", "max"))
+@lower("clamp")
 def clamp(self, min=None, max=None):
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-    return jnp.broadcast_to(_clamp(self, min, max), self.shape)
+    if _is_float(self):
+        # CPU's clamp meta: a floating self keeps its dtype, the bounds do not promote it (a
+        # complex bound with a zero imaginary part, which CPU accepts, is its real part)
+        min, max = [b if b is None or not _is_complex(b) else jnp.real(b) for b in (min, max)]
+    (self, min, max), res = _promote(DEFAULT, self, min, max)
+    return casts.cast(jnp.broadcast_to(_clamp(self, min, max), self.shape), res)
 
 
 @lower("clamp.Tensor", promote=DEFAULT)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from ..runtime.jaxenv import FLOAT8 as _FLOAT8, to_jax_dtype, to_torch_dtype
+from ..runtime.jaxenv import CARRIED_SEEN, FLOAT8 as _FLOAT8, to_jax_dtype, to_torch_dtype
 
 _SCALAR_PROXY = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
@@ -43,11 +43,14 @@ def result_dtypes(kind, *vals, select=False):
     proxies = [proxy(v) for v in vals if v is not None]
     comp, res = elementwise_dtypes(*proxies, type_promotion_kind=kind)
     if res == torch.complex32:
-        # float16 with a Python complex: complex32 tensors are served whole by eager/carried.py,
-        # but a result that only promotion makes complex32 would come out as its uint32 carrier
-        raise TypeError("torchtpu: dtype torch.complex32 is not supported as a promoted result on the tpu "
-                        "device (float16 with a complex scalar); cast the float16 operand to complex32 "
-                        "or complex64 first")
+        # float16 with a complex scalar or 0-d complex tensor: eager/carried.py serves such calls
+        # (the float16 operands made complex32, the op run in complex64, rounded back as CPU
+        # rounds), so a lowering never sees one; a trace that meets one anyway marks carried
+        # dtypes seen (the kernel entries check every call from now on) and refuses, rather
+        # than hand back the uint32 carrier as the result
+        CARRIED_SEEN[0] = True
+        raise TypeError("torchtpu: dtype torch.complex32 as a promoted result (float16 with a complex "
+                        "scalar) reached a lowering: eager/carried.py serves these calls")
     if comp in _FLOAT8 and not select:  # c10 computes float8 arithmetic in float32, rounding once
         comp = torch.float32
     elif comp == torch.float4_e2m1fn_x2:  # CPU compares packed float4 by its bytes

@@ -150,13 +150,18 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     return entry
 
 
+# a tpu tensor with no storage entry: made by PyTorch's C++ code, not by a torchtpu kernel
+NO_BUFFER = ("torchtpu: this tpu tensor has no device buffer: it was made outside torchtpu (e.g. "
+             "from a DLPack capsule of PyTorch's C++ exporter, torch._C._to_dlpack, which describes "
+             "a tpu tensor by a null pointer; torch.utils.dlpack.to_dlpack and Tensor.__dlpack__ "
+             "export its JAX buffer)")
+
+
 def lookup(t: torch.Tensor) -> Entry:
     try:
         return table[t.untyped_storage()._cdata]
     except KeyError:
-        raise RuntimeError(
-            "torchtpu: this tpu tensor has no device buffer (was it created outside torchtpu?)"
-        ) from None
+        raise RuntimeError(NO_BUFFER) from None
 
 
 def lookup_storage(storage) -> Entry:

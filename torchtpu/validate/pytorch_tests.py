@@ -195,11 +195,11 @@ def cause_of(rec: dict, test_id: str) -> str:
     if re.search(r'does not match|Regex didn.t match', msg):
         return "different error message"
     if "dlpack" in test_id.lower():
-        return "DLPack of tpu tensors (no device pointer to share)"
+        return "DLPack capsule into torch.asarray (C++ importer: no tpu tensor from a capsule)"
     if re.search(r"Sparse|sparse_coo|to_sparse|SparseCsr|layout=torch.sparse", msg):
-        return "sparse tensors (no sparse layout on tpu)"
+        return "sparse tensors (no SparsePrivateUse1 kernels)"
     if re.search(r"Quantized|quantize_per|qscheme", msg):
-        return "quantized tensors (XLA has no quantized dtypes)"
+        return "quantized tensors (no QuantizedPrivateUse1 backend)"
     if _DTYPES_XLA_LACKS.search(msg) and not re.search(r"close|equal", msg):
         return "dtype XLA lacks"
     if re.search(r"NotImplementedError|not implemented|no lowering|Could not run|not supported", msg):
@@ -296,11 +296,20 @@ def write_markdown(path: Path, files: dict, meta: dict) -> None:
     else:
         lines.append("None.")
     lines += ["", "What the causes mean:", "",
-              "- *sparse tensors*, *quantized tensors*, *dtype XLA lacks* (complex32/chalf, the bits and",
-              "  uint16-64 types), *DLPack*: what a tpu tensor cannot be (XLA has no sparse layouts, no",
-              "  quantized or complex32 dtypes; a tpu tensor has no device pointer to share). A float16",
-              "  tensor plus a Python complex promotes to complex32, so `test_result_type` for",
-              "  float16/complex pairs lands under *missing error* (the sum raised where CPU computes).",
+              "- *sparse tensors*: PyTorch's sparse layouts are SparseTensorImpl with kernels per backend",
+              "  (SparseCPU, SparseCUDA: `_sparse_coo_tensor_with_dims_and_tensors`, coalesce, sparse add",
+              "  into dense ...); there are none for SparsePrivateUse1, so a sparse tpu tensor cannot be",
+              "  made. These tests pass on CUDA, which has the kernels.",
+              "- *quantized tensors*: a quantized tensor (QTensorImpl) is made only by the QuantizedCPU /",
+              "  QuantizedCUDA kernels in C++ (`at::new_qtensor`); there is no QuantizedPrivateUse1 backend",
+              "  and no Python API that makes a quantized tensor on another device. These tests pass on CUDA.",
+              "- *DLPack capsule into torch.asarray*: `to_dlpack(t)` of a tpu tensor is its JAX buffer's",
+              "  capsule (on XLA:CPU host memory, device kDLCPU), and `torch.asarray(capsule)` is PyTorch's",
+              "  C++ importer, which makes a tensor of the capsule's device: a CPU tensor over the buffer, not",
+              "  a tpu tensor (`torch.from_dlpack(capsule, device=\"tpu\")` gives one). On CUDA the capsule",
+              "  names the GPU and the test passes.",
+              "- *dtype XLA lacks*: the bits and uint16-64 types where a test computes in them (complex32",
+              "  and the sub-byte types are carried in another type's buffer: eager/carried.py).",
               "- *missing error*: CPU raises and tpu returned a value: a bug (argument checks belong in",
               "  torchtpu/eager/argcheck.py or the lowering).",
               "- *multi-device (issue 34)*: the test needs a second tpu device.",
