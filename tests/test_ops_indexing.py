@@ -248,6 +248,7 @@ def test_masked_scatter_take_put():
                                    accumulate=True), x)
 
 
+@conftest.xfail_in("compile", 'masked_scatter_backward: served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_masked_scatter_backward():
     x = R(3, 4)
     m = x > 0
@@ -284,6 +285,7 @@ def test_nonzero_masked_select(dtype):
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@conftest.xfail_in("compile", "a strided out= of nonzero (a data-dependent size) inside a compiled graph comes back contiguous (strides (2, 1) where CPU and Dynamo's eager backend keep (4, 2)); values equal")
 def test_nonzero_out_keeps_a_strided_out(mode):
     # PyTorch's test_nonzero_discontiguous: an out= of the right size keeps its strides and its
     # storage (resize_ to the same sizes is a no-op on CPU); tpu used to make it contiguous
@@ -571,6 +573,7 @@ def test_no_cpu_fallbacks_for_family():
     assert torchtpu.metrics()["cpu_fallbacks"] == 0
 
 
+@conftest.xfail_in("compile", 'embedding_renorm (the in-place op lowered, its functional form not): served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_misc_index_paths():
     x = R(3, 4)
     # CPU index tensors are accepted for tpu tensors (as on CUDA)

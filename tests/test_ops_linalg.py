@@ -285,6 +285,7 @@ def spd(n, *batch, dtype=torch.float64):
     return a @ a.mT + n * torch.eye(n, dtype=dtype)
 
 
+@conftest.xfail_in("compile", '_linalg_det: served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_solve_inv_det(no_fallback):
     dtype = torch.float64
     A = r(2, 4, 4, dtype=dtype) + 3 * torch.eye(4, dtype=dtype)
@@ -302,6 +303,7 @@ def test_solve_inv_det(no_fallback):
     check(torch.logdet, spd(3, dtype=dtype))
 
 
+@conftest.xfail_in("compile", '_linalg_det: served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_solve_inv_det_float32(no_fallback):
     tol = dict(atol=1e-4, rtol=1e-4)
     A = r(4, 4) + 3 * torch.eye(4)
@@ -427,6 +429,7 @@ def test_householder_geqrf_ormqr(no_fallback):
     check_grad(torch.linalg.householder_product, a[0].clone().requires_grad_(), tau[0], atol=1e-4, rtol=1e-4)
 
 
+@conftest.xfail_in("compile", 'linalg_eig: served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_eig(no_fallback):
     A = r(3, 4, 4)
     check(torch.linalg.eig, A)
@@ -456,6 +459,7 @@ def test_lstsq(no_fallback):
     check_grad(lambda a, b: torch.linalg.lstsq(a, b).solution, r(5, 3, grad=True), r(5, 2, grad=True))
 
 
+@conftest.xfail_in("compile", 'linalg_ldl_factor_ex: served in eager by a kernel on torch tensors (eager/composites), not by a lowering a compiled graph holds; with the fallback forbidden the graph refuses it')
 def test_ldl(no_fallback):
     for n in (1, 2, 5, 8):
         A = r(3, n, n)

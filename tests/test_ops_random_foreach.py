@@ -396,6 +396,7 @@ def test_foreach_empty_tensors(own_ops_native):
 
 
 @pytest.mark.parametrize("op", ["addcmul", "addcdiv"])
+@conftest.xfail_in("compile", "PyTorch's fake kernel of _foreach_addcmul/addcdiv.Tensor reads its CPU scalars tensor's values, which a fake tensor lacks ('Expected scalars to be on CPU, got meta'): Dynamo fails before any backend runs")
 def test_foreach_addc(own_ops_native, op):
     f = getattr(torch, f"_foreach_{op}")
     f_ = getattr(torch, f"_foreach_{op}_")
@@ -403,7 +404,9 @@ def test_foreach_addc(own_ops_native, op):
     check(f, s, t1, t2)
     check(lambda a, b, c: f(a, b, c, value=-0.5), s, t1, t2)
     check(f, s, t1, t2, [0.5, 2.0, -1.0])
-    check(f, s, t1, t2, torch.tensor([0.5, 2.0, -1.0]))  # CPU scalars tensor
+    check(lambda a, b, c: f(a, b, c, torch.tensor([0.5, 2.0, -1.0])), s, t1, t2)  # a CPU scalars tensor
+    with pytest.raises(RuntimeError, match="Expected scalars to be on CPU, got tpu:0 instead"):
+        f(tpu(s), tpu(t1), tpu(t2), tpu(torch.tensor([0.5, 2.0, -1.0])))  # as CUDA refuses a device one
     check_inplace(f_, s, t1, t2, 0.25)
     check_inplace(f_, s, t1, t2, [0.5, 2.0, -1.0])
     c = [x.clone() for x in s]

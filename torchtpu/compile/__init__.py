@@ -33,9 +33,10 @@ def _skip_our_frames() -> None:
     for name in (*_OUR_PACKAGES, "jax", "jaxlib"):
         trace_rules.add(name)
     _skip_below_our_frames()
-    from . import fake_layout
+    from . import decomps, fake_layout
 
     fake_layout.install()  # before Dynamo's first trace: tpu convolutions' fake layouts as CPU's
+    decomps.keep_whole()  # two loss ops whose Autograd-key decompositions differ from their kernels
 
 
 _OUR_PACKAGES = ("torchtpu.eager", "torchtpu.ops", "torchtpu.runtime", "torchtpu.compile",

@@ -124,3 +124,23 @@ def _repeat_interleave_tensor(repeats, *, output_size=None):
     from ..ops.indexing import repeat_interleave_sized
 
     return repeat_interleave_sized(repeats, output_size)
+
+
+# PyTorch serves two loss ops by a Python decomposition at the Autograd key (a py_impl that runs
+# whenever the Python dispatcher is on, as under aot_autograd), so a compiled graph records the
+# decomposition's ops in place of the op, whatever the decomposition table says. Those two
+# decompositions compute something else than the kernels: multilabel_margin_loss_forward counts
+# the targets after a row's first -1 (a row [1, -1, 2, 2, 2] of a (3, 5) input: 6.65 where CPU's
+# kernel gives 0.33) and multi_margin_loss's reduction='none' of a 1-D input has shape [1] where
+# CPU's has []. Without the py_impl the op reaches the graph whole (its lowering, as in eager) and
+# its backward is the op's own derivative formula, as in eager.
+_WRONG_AUTOGRAD_DECOMPOSITIONS = (_aten.multilabel_margin_loss_forward.default, _aten.multi_margin_loss.default)
+
+
+def keep_whole() -> None:
+    """Drop PyTorch's Autograd-key decompositions of the ops above (once, before tracing)."""
+    from torch._C import DispatchKey
+
+    for op in _WRONG_AUTOGRAD_DECOMPOSITIONS:
+        if op.py_kernels.pop(DispatchKey.Autograd, None) is not None:
+            op._dispatch_cache.clear()

@@ -23,8 +23,9 @@ def _tensor_scalars_kernel(name):
         if not found:  # the in-place twin is generated when eager/kernels serves the table
             base = LOWERINGS[name.replace("_.", ".", 1)]
             found.append(base if base.name == name else next(v for v in variants_of(base) if v.name == name))
-        if scalars.device.type != "tpu":
-            scalars = scalars.to("tpu")
+        if scalars.device.type != "cpu":  # CUDA's check (convert_tensor_to_scalar_list)
+            raise RuntimeError(f"Expected scalars to be on CPU, got {scalars.device} instead.")
+        scalars = scalars.to("tpu")
         return execute(found[0], (self, tensor1, tensor2, scalars), {})
 
     return run
