@@ -126,21 +126,28 @@ def in_mode(fn, mode=None):
 def check(fn, *args, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
           both=False, grad=False, **kwargs):
     """Run `fn(*args, **kwargs)` on the CPU tensors given and on them moved to tpu (in the
-    test's mode, see in_mode), and assert_same the results. With grad=True, also backward:
-    every floating or complex input tensor requires grad, each such output gets the same
-    random cotangent on both sides, and the inputs' gradients must match too. Returns the tpu
+    test's mode, see in_mode), and assert_same the results. With `grad`, also backward: every
+    floating or complex input tensor (grad=True) or those of the positional arguments at the
+    positions given (grad=(0, 2)) requires grad, each output that requires grad gets the same
+    random cotangent on both sides, and those inputs' gradients must match too. Returns the tpu
     result, or (the tpu result on the CPU, the CPU result) with both=True."""
     tol = dict(atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype)
+    targs, tkwargs = to_tpu((_detached(args), _detached(kwargs)))
     if grad:
-        args, kwargs = _leaves_requiring_grad((args, kwargs))
-    targs, tkwargs = _leaves_requiring_grad(to_tpu((_detached(args), _detached(kwargs)))) if grad \
-        else (to_tpu(args), to_tpu(kwargs))
+        args, kwargs = _requiring_grad(args, kwargs, grad)
+        targs, tkwargs = _requiring_grad(targs, tkwargs, grad)
     cpu = fn(*args, **kwargs)
     tpu = in_mode(fn)(*targs, **tkwargs)
     assert_same(tpu, cpu, check_stride=check_stride, **tol)
     if grad:
         _check_grads(tpu, cpu, (targs, tkwargs), (args, kwargs), tol)
     return (to_cpu(tpu), cpu) if both else tpu
+
+
+def _requiring_grad(args, kwargs, grad):
+    if grad is True:
+        return _leaves_requiring_grad((args, kwargs))
+    return tuple(_leaves_requiring_grad(a) if i in grad else a for i, a in enumerate(args)), kwargs
 
 
 def _differentiable(t) -> bool:
@@ -159,8 +166,8 @@ def _check_grads(tpu, cpu, tpu_inputs, cpu_inputs, tol):
     outs_c = [o for o in tree_flatten(cpu)[0] if _differentiable(o) and o.requires_grad]
     outs_t = [o for o in tree_flatten(tpu)[0] if _differentiable(o) and o.requires_grad]
     assert len(outs_c) == len(outs_t), "outputs that require grad differ"
-    ins_c = [i for i in tree_flatten(cpu_inputs)[0] if _differentiable(i)]
-    ins_t = [i for i in tree_flatten(tpu_inputs)[0] if _differentiable(i)]
+    ins_c = [i for i in tree_flatten(cpu_inputs)[0] if _differentiable(i) and i.requires_grad]
+    ins_t = [i for i in tree_flatten(tpu_inputs)[0] if _differentiable(i) and i.requires_grad]
     if not outs_c:
         return
     cot = [torch.randn_like(o) for o in outs_c]

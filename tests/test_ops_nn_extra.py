@@ -5,25 +5,10 @@ import torch.nn.functional as F
 
 import conftest
 import torchtpu
+from conftest import check
 from conftest import to_tpu as _tpu
 
 pytestmark = [pytest.mark.usefixtures("no_fallback"), conftest.IN_EVERY_MODE]  # (conftest: modes)
-
-
-def check(fn, *args, grad=(), **tol):
-    """Compare fn on cpu and tpu; `grad` lists the positions of args to differentiate."""
-    conftest.check(fn, *args, **tol)
-    if grad:
-        ac = [a.clone().requires_grad_() if i in grad else a for i, a in enumerate(args)]
-        at = [_tpu(a).detach().requires_grad_() if i in grad else _tpu(a) for i, a in enumerate(args)]
-        oc, ot = fn(*ac), fn(*at)
-        oc = oc[0] if isinstance(oc, tuple) else oc
-        ot = ot[0] if isinstance(ot, tuple) else ot
-        w = torch.randn(oc.shape, dtype=oc.dtype)
-        gc = torch.autograd.grad(oc, [ac[i] for i in grad], w)
-        gt = torch.autograd.grad(ot, [at[i] for i in grad], _tpu(w))
-        for c, t in zip(gc, gt):
-            torch.testing.assert_close(t.cpu(), c, **tol)
 
 
 # --- grid sampling -----------------------------------------------------------

@@ -191,22 +191,14 @@ def _cdist_forward(x1, x2, p, compute_mode):
     return _pnorm(diff, float(p)).astype(x1.dtype)
 
 
-def _sum_to(x, shape):
-    lead = x.ndim - len(shape)
-    if lead:
-        x = x.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and x.shape[i] != 1)
-    if axes:
-        x = x.sum(axis=axes, keepdims=True)
-    return x
-
-
 @lower("_cdist_backward")
 def _cdist_backward(grad, x1, x2, p, cdist):
     a, b = _bcast_batch(_up(x1), _up(x2))
     diff = a[..., :, None, :] - b[..., None, :, :]
     g = _pnorm_grad(diff, _up(cdist), float(p)) * _up(grad)[..., None]
-    return _sum_to(g.sum(axis=-2), x1.shape).astype(x1.dtype)
+    # x1 broadcast to the common batch, as ATen's kernel returns it: autograd (eager) or the
+    # backward graph (compiled: a sum over the batch, then a view) reduces it to x1's shape
+    return g.sum(axis=-2).astype(x1.dtype)
 
 
 @lower("_pdist_forward")
@@ -228,6 +220,16 @@ def _pdist_backward(grad, self, p, pdist):
 
 
 # --- margin losses ------------------------------------------------------------------
+
+
+def _cotangent(grad_output, shape):
+    """The loss's gradient in the loss's shape: a compiled graph's fake loss of a 1-D input with
+    reduction='none' is shaped [1] (PyTorch's shape function) where the kernel's is [], so its
+    gradient can arrive as [1]."""
+    g = _up(grad_output)
+    if g.shape != shape and g.size == math.prod(shape):
+        return g.reshape(shape)
+    return jnp.broadcast_to(g, shape)
 
 
 def _reduce(loss, reduction):
@@ -268,7 +270,7 @@ def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None
     x = _up(self)
     f = lambda v: _multi_margin(v, target, int(p), jnp.asarray(margin, x.dtype), _up(weight), reduction)
     out, vjp = jax.vjp(f, x)
-    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+    return vjp(_cotangent(grad_output, out.shape))[0].astype(self.dtype)
 
 
 def _multilabel(x, target, reduction):
@@ -301,7 +303,7 @@ def multilabel_margin_loss_forward(self, target, reduction):
 def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
     x = _up(self)
     out, vjp = jax.vjp(lambda v: _multilabel(v, target, reduction)[0], x)
-    return vjp(jnp.broadcast_to(_up(grad_output), out.shape))[0].astype(self.dtype)
+    return vjp(_cotangent(grad_output, out.shape))[0].astype(self.dtype)
 
 
 # --- grid sampling --------------------------------------------------------------------
