@@ -89,6 +89,54 @@ def _read_log(path: Path) -> tuple[dict, str | None, int | None]:
     return results, started, collected
 
 
+def run_watched(cmd: list, cwd: Path, env: dict, log: Path, done_file: Path, out: Path, stall: int,
+                max_restarts: int, tick=None) -> tuple[float, int, int]:
+    """Run the pytest child `cmd` (this package's plugin loaded: it records each test in `log`
+    and skips those listed in `done_file`) until it has run every test it kept: a child that
+    stops writing for `stall` s is killed and its current test recorded as `timeout`, one that
+    dies records `crash`, and a fresh child goes on with the rest (at most `max_restarts`
+    times). Returns (seconds, restarts, tests recorded)."""
+    restarts = 0
+    t_start = time.time()
+    while True:
+        results, _, _ = _read_log(log)
+        done_file.write_text("".join(i + "\n" for i in results))
+        with open(out, "a") as sink:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            last_size, last_change = -1, time.time()
+            killed = False
+            while proc.poll() is None:
+                time.sleep(2)
+                size = log.stat().st_size if log.exists() else 0
+                if size != last_size:
+                    last_size, last_change = size, time.time()
+                    if tick:
+                        tick()
+                elif time.time() - last_change > stall:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    killed = True
+        results, started, collected = _read_log(log)
+        if started is None:
+            if proc.returncode in (0, 1, 5) or collected is None or len(results) >= collected:
+                break  # the process ran every test it kept
+            restarts += 1  # it died between two tests: a fresh process goes on with the rest
+            if restarts > max_restarts:
+                break
+            continue
+        outcome = "timeout" if killed else "crash"
+        msg = (f"process killed: no progress for {stall}s" if killed
+               else f"process died (exit {proc.returncode})")
+        with open(log, "a") as f:
+            f.write(json.dumps({"id": started, "outcome": outcome, "message": msg, "where": "",
+                                "seconds": None}) + "\n")
+        restarts += 1
+        if restarts > max_restarts:
+            break
+    return round(time.time() - t_start, 1), restarts, len(_read_log(log)[0])
+
+
 def _plugin_dir(work: Path) -> Path:
     """A directory holding the plugin as a top-level module (see pytorch_tests_plugin.py)."""
     d = work / "plugin"
@@ -128,48 +176,9 @@ def run_one(tests_dir: Path, name: str, device: str, work: Path, timeout: int, m
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
            "torchtpu_pt_plugin", "-o", "addopts=", "--rootdir", str(tests_dir),
            f"{name}.py"]
-    restarts = 0
-    t_start = time.time()
-    while True:
-        results, _, _ = _read_log(log)
-        done_file.write_text("".join(i + "\n" for i in results))
-        out = open(work / f"{name}.{device}.out", "a")
-        proc = subprocess.Popen(cmd, cwd=tests_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        last_size, last_change = -1, time.time()
-        killed = False
-        while proc.poll() is None:
-            time.sleep(2)
-            size = log.stat().st_size if log.exists() else 0
-            if size != last_size:
-                last_size, last_change = size, time.time()
-                if tick:
-                    tick()
-            elif time.time() - last_change > stall:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                killed = True
-        out.close()
-        results, started, collected = _read_log(log)
-        if started is None:
-            if proc.returncode in (0, 1, 5) or collected is None or len(results) >= collected:
-                break  # the process ran every test it kept
-            restarts += 1  # it died between two tests: a fresh process goes on with the rest
-            if restarts > max_restarts:
-                break
-            continue
-        outcome = "timeout" if killed else "crash"
-        msg = (f"process killed: no progress for {stall}s" if killed
-               else f"process died (exit {proc.returncode})")
-        with open(log, "a") as f:
-            f.write(json.dumps({"id": started, "outcome": outcome, "message": msg, "where": "",
-                                "seconds": None}) + "\n")
-        restarts += 1
-        if restarts > max_restarts:
-            break
-    results, _, collected = _read_log(log)
-    return {"file": name, "device": device, "seconds": round(time.time() - t_start, 1),
-            "restarts": restarts, "tests": len(results)}
+    seconds, restarts, n = run_watched(cmd, tests_dir, env, log, done_file, work / f"{name}.{device}.out",
+                                       stall, max_restarts, tick)
+    return {"file": name, "device": device, "seconds": seconds, "restarts": restarts, "tests": n}
 
 
 # ---------------------------------------------------------------------------------------------

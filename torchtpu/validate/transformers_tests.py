@@ -28,8 +28,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 
 from .. import config
 from .progress import Progress
-from .pytorch_tests import _plugin_dir, _read_log, cause_of
+from .pytorch_tests import _plugin_dir, _read_log, cause_of, run_watched
 
 OK = ("passed", "xfailed")
 REPO = Path(__file__).resolve().parents[2]
@@ -101,48 +99,9 @@ def run_one(tree: Path, model: str, device: str, work: Path, timeout: int, mode:
         env.setdefault("TORCHTPU_CACHE_DIR", str(work / "xla_cache"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torchtpu_pt_plugin",
            "-o", "addopts=", "--rootdir", str(tree), f"tests/models/{model}/test_modeling_{model}.py"]
-    restarts = 0
-    t_start = time.time()
-    while True:
-        results, _, _ = _read_log(log)
-        done_file.write_text("".join(i + "\n" for i in results))
-        out = open(work / f"{model}.{device}.out", "a")
-        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        last_size, last_change = -1, time.time()
-        killed = False
-        while proc.poll() is None:
-            time.sleep(2)
-            size = log.stat().st_size if log.exists() else 0
-            if size != last_size:
-                last_size, last_change = size, time.time()
-                if tick:
-                    tick()
-            elif time.time() - last_change > stall:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                killed = True
-        out.close()
-        results, started, collected = _read_log(log)
-        if started is None:
-            if proc.returncode in (0, 1, 5) or collected is None or len(results) >= collected:
-                break
-            restarts += 1
-            if restarts > max_restarts:
-                break
-            continue
-        outcome = "timeout" if killed else "crash"
-        msg = (f"process killed: no progress for {stall}s" if killed
-               else f"process died (exit {proc.returncode})")
-        with open(log, "a") as f:
-            f.write(json.dumps({"id": started, "outcome": outcome, "message": msg, "where": "",
-                                "seconds": None}) + "\n")
-        restarts += 1
-        if restarts > max_restarts:
-            break
-    results, _, _ = _read_log(log)
-    return {"model": model, "device": device, "seconds": round(time.time() - t_start, 1),
-            "restarts": restarts, "tests": len(results)}
+    seconds, restarts, n = run_watched(cmd, tree, env, log, done_file, work / f"{model}.{device}.out",
+                                       stall, max_restarts, tick)
+    return {"model": model, "device": device, "seconds": seconds, "restarts": restarts, "tests": n}
 
 
 # Causes found by looking, for failures the coarse classifier can only call "wrong value" and the like:
