@@ -223,6 +223,12 @@ def execute(low: Lowering, args, kwargs, serve, run):
             found[target] = (plan.outs[0][0], info)
             dims[target] = plan.outs[0][0]
             plan = rule.plan(args, kwargs, dims, info.n)
+    if plan not in (None, rules.EXACT) and plan.pads:
+        moved = _pad_small(low, args, kwargs, plan.pads, info, found)
+        if moved is not None:
+            args, kwargs = moved
+            dims = {p: d for p, (d, _) in found.items()}
+            plan = rule.plan(args, kwargs, dims, info.n)
     if plan is rules.EXACT or (low.mode == "inplace" and plan is not None
                                and _target(low, args, kwargs) not in dims):
         bump("dynamic_exact")  # a contiguous copy, a write into a static tensor
@@ -265,6 +271,30 @@ def execute(low: Lowering, args, kwargs, serve, run):
     if low.name == "cat" and not info.strict and plan.extra and plan.extra[0]:
         _grew(out, plan.outs[0][0], plan.outs[0][1] - info.n)
     return out
+
+
+def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
+    """(args, kwargs) with the static arguments the plan would pad inside the program (a
+    loss's targets beside dynamic scores, a mask beside dynamic keys) replaced, for this
+    call, by dynamic padded copies made through the host, as vary_index does an index: their
+    true size in the program's signature would make every size a program again. Only small
+    ones whose buffer is computed (a deferred region's value would end the region) and
+    never the tensor an in-place op writes. None when none moved; `found` gets the moved."""
+    target = _target(low, args, kwargs) if low.mode == "inplace" else None
+    pargs, pkwargs, moved = list(args), dict(kwargs), False
+    for p, d in pads:
+        t = rules.get(args, kwargs, p)
+        if p == target or not isinstance(t, torch.Tensor) or t.shape[d] != info.n or t.numel() > _MAX_MOVED:
+            continue
+        entry = table.get(t.untyped_storage()._cdata)
+        if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(t.dtype):
+            continue
+        new = _padded_copy(t, entry, d, info.bucket)
+        rules.put_arg(pargs, pkwargs, p, new)
+        found[p] = (d, _marked[storage.lookup(new)])
+        moved = True
+        bump("dynamic_padded_args")
+    return (tuple(pargs), pkwargs) if moved else None
 
 
 def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:

@@ -387,6 +387,107 @@ class Embedding(Rule):
         return Plan(((dims[(1,)], n),))
 
 
+# --- a training step's loss and backward over a varying number of rows ------------------------
+
+def _arg(args, kwargs, i, name):
+    return kwargs[name] if name in kwargs else args[i]
+
+
+def _rows(args, kwargs, dims, n, paths):
+    """pads lining up the tensors at `paths` along their dim 0 with the dynamic ones (all of
+    `dims` among them, each dynamic in dim 0); None when they cannot line up."""
+    if any(d != 0 for d in dims.values()) or not set(dims) <= set(paths):
+        return None
+    pads = []
+    for p in paths:
+        if p not in dims:
+            if get(args, kwargs, p).shape[0] != n:
+                return None
+            pads.append((p, 0))
+    return tuple(pads)
+
+
+@dataclass(frozen=True)
+class NllLoss(Rule):
+    """nll_loss_forward/backward over (N, C) scores with N varying: padded rows get the target
+    ignore_index, so they weigh nothing in the sum, the mean's total weight and the gradient."""
+    backward: bool
+
+    def plan(self, args, kwargs, dims, n):
+        b = int(self.backward)
+        x, t = args[b], args[b + 1]
+        if x.dim() != 2 or t.dim() != 1:
+            return None
+        none = _arg(args, kwargs, 3 + b, "reduction") == 0
+        paths = [(b,), (b + 1,)] + ([(0,)] if self.backward and none else [])
+        pads = _rows(args, kwargs, dims, n, paths)
+        if pads is None:
+            return None
+        if self.backward:
+            return Plan(((0, n),), pads)
+        return Plan(((0, n) if none else None, None), pads)
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        b = int(self.backward)
+        ignore = _arg(args, kwargs, 4 + b, "ignore_index")
+        t = args[b + 1]
+        args[b + 1] = jnp.where(valid(t.shape, 0, n), t, jnp.asarray(ignore, t.dtype))
+        return fn(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class SoftmaxBackward(Pointwise):
+    """_softmax_backward_data / _log_softmax_backward_data: elementwise across the dim; along
+    it the padding must add nothing to the sum (gradient 0, output 0 or -inf for log)."""
+    log: bool
+
+    def plan(self, args, kwargs, dims, n):
+        if not set(dims) <= {(0,), (1,)}:
+            return None
+        base = super().plan(args, kwargs, dims, n)
+        if base is None:
+            return None
+        d = base.outs[0][0]
+        return Plan(base.outs, base.pads, extra=(args[2] % max(args[1].dim(), 1) == d,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        if ctx.extra[0]:
+            g, y = args[0], args[1]
+            keep = valid(g.shape, ctx.dims[0][1], n)
+            fill = -jnp.inf if self.log else 0
+            args = [jnp.where(keep, g, jnp.zeros((), g.dtype)), jnp.where(keep, y, jnp.asarray(fill, y.dtype))] + list(args[2:])
+        return fn(*args, **kwargs)
+
+
+class EmbeddingBackward(Rule):
+    """embedding_dense_backward with the indices' (and gradient's) dim varying: padded indices
+    point past the table, where the scatter drops them (and their counts)."""
+
+    def plan(self, args, kwargs, dims, n):
+        g, idx = args[0], args[1]
+        ks = set(dims.values())
+        if len(ks) != 1 or not set(dims) <= {(0,), (1,)}:
+            return None
+        k = ks.pop()
+        if k >= idx.dim():
+            return None
+        pads = []
+        for p, t in (((0,), g), ((1,), idx)):
+            if p not in dims:
+                if t.shape[k] != n:
+                    return None
+                pads.append((p, k))
+        return Plan((None,), tuple(pads), extra=(k,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        k = ctx.extra[0]
+        g, idx = args[0], args[1]
+        room = _arg(args, kwargs, 2, "num_weights")
+        args = [jnp.where(valid(g.shape, k, n), g, jnp.zeros((), g.dtype)),
+                jnp.where(valid(idx.shape, k, n), idx, jnp.asarray(room, idx.dtype))] + list(args[2:])
+        return fn(*args, **kwargs)
+
+
 def _reductions() -> dict:
     s, k = (1, "dim"), (2, "keepdim")
     return {
@@ -415,6 +516,9 @@ RULES: dict[str, Rule] = {
     "cat": Cat(),
     "index_select": IndexSelect(),
     "embedding": Embedding(),
+    "embedding_dense_backward": EmbeddingBackward(),
+    "nll_loss_forward": NllLoss(False), "nll_loss_backward": NllLoss(True),
+    "_softmax_backward_data": SoftmaxBackward(False), "_log_softmax_backward_data": SoftmaxBackward(True),
     "clone": Clone(),
     "copy": _POINTWISE,
     "where.self": _POINTWISE,
