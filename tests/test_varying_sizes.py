@@ -95,6 +95,32 @@ def test_moving_offsets_and_rows(mode):
     assert served > 0 and programs <= 8, programs
 
 
+def _index_rows(storage, lengths, dtype):
+    """A serving loop's index buffer: each step writes a fresh tensor of this step's indices
+    (made on the host, moved to the device) into a row prefix of a preallocated buffer."""
+    storage = storage.clone()
+    for k, n in enumerate(lengths):
+        fresh = (torch.arange(n) * 3 + k).remainder(7).to(dtype).to(storage.device)
+        storage[k % 2, :n] = fresh
+        storage[1 - k % 2, 5:n + 5].copy_(fresh)
+    return storage
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool], ids=str)
+def test_fresh_sources_copied_into_varying_views(mode, dtype):
+    lengths = list(range(9, 41, 3))
+    torchtpu.clear_caches()
+    torchtpu.reset_metrics()
+    with torchtpu.eager_mode(mode):
+        check(_index_rows, torch.zeros(2, 64, dtype=dtype), lengths, dtype)
+        torch.tpu.synchronize()
+    programs, padded = torchtpu.metrics()["compiles"], torchtpu.metrics().get("padded_sources", 0)
+    if mode == "strict":
+        # eleven lengths over buckets 16, 32, 64: a handful of copy programs, not one per length
+        assert padded >= 8 and programs <= 12, (padded, programs)
+
+
 def test_whole_tensors_stay_exact():
     """Tensors of many shapes written whole (param.zero_()) never run in buckets."""
     def steps(*ts):

@@ -137,12 +137,18 @@ def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     made from its storage's computed buffer through the host: no program, and no flush of a
     deferred region (a host read through torch would end one, at a point that may differ
     between ranks whose regions hold collectives)."""
+    shape = list(t.shape)
+    shape[d] = b
+    return _host_room(t, entry, shape)
+
+
+def _host_room(t: torch.Tensor, entry, shape) -> torch.Tensor:
+    """A new contiguous tensor of sizes `shape` (each at least `t`'s) holding `t`'s values in
+    its first positions and zeros after them, made through the host (see _host_padded)."""
     flat = np.asarray(entry.buf).reshape(-1)
     item = flat.itemsize
     view = np.lib.stride_tricks.as_strided(flat[t.storage_offset():], shape=tuple(t.shape),
                                            strides=tuple(s * item for s in t.stride()), writeable=False)
-    shape = list(t.shape)
-    shape[d] = b
     padded = np.zeros(shape, flat.dtype)
     padded[tuple(slice(0, s) for s in t.shape)] = view
     bump("transfers_to_host")
@@ -432,7 +438,43 @@ def vary_index(low: Lowering, args, kwargs):
     return tuple(args)
 
 
-executor.intercept("vary_index", vary_index)
+def _vary_source(low: Lowering, args, kwargs):
+    """copy_(dst, src) into views of a preallocated buffer whose extent varies (a serving
+    loop's `index_buffer[i, :n] = torch.tensor(indices)`): eager/extents.py runs such a write
+    over a bucket window of dst's storage, but a whole src of the true size would still key
+    the program by its size. Once the signature varies, a small src with a computed buffer is
+    replaced for the call by a copy in a storage with the bucket's room, through the host
+    (the user's tensor untouched), so the write compiles once per bucket."""
+    if not extents.AFTER or len(args) < 2:
+        return args
+    dst, src = args[0], args[1]
+    if (not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor) or src.device.type != "tpu"
+            or dst.device.type != "tpu" or src.shape != dst.shape or src.dim() == 0
+            or src.numel() > _MAX_MOVED):
+        return args
+    dentry, sentry = table.get(dst.untyped_storage()._cdata), table.get(src.untyped_storage()._cdata)
+    if (dentry is None or sentry is None or dst.numel() >= dentry.numel or src.numel() < sentry.numel
+            or not isinstance(sentry.buf, jax.Array) or sentry.dtype != to_jax_dtype(src.dtype)):
+        return args  # dst a whole tensor (stays exact), src a view (extents reads its window), ...
+    key = (low.name, dentry.numel, dst.dtype, src.dtype, dst.dim())
+    dims = extents.varying(_index_shapes, key, tuple(dst.shape))
+    if not dims or any(dst.shape[d] <= 1 for d in dims):
+        return args
+    room = [extents.bucket(n) if d in dims else n for d, n in enumerate(src.shape)]
+    new = _host_room(src, sentry, room)
+    bump("padded_sources")
+    args = list(args)
+    args[1] = tensors.alias(new, tuple(src.shape), new.stride(), 0)
+    return tuple(args)
+
+
+def vary_args(low: Lowering, args, kwargs):
+    """The executor's "vary_args" interceptor: index_select/embedding (vary_index), copy_
+    (_vary_source)."""
+    return _vary_source(low, args, kwargs) if low.name == "copy_" else vary_index(low, args, kwargs)
+
+
+executor.intercept("vary_args", vary_args)
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:

@@ -46,10 +46,10 @@ def _flush_for_precision():
 # it plugs itself in rather than be imported here); it serves every call while tensors of a
 # dim marked dynamic exist
 dynamic = None
-# eager/dynamism.py's vary_index, installed the same way: an index of index_select/embedding
-# whose length keeps changing becomes dynamic before the call
-vary_index = None
-_VARYING_INDEX = frozenset({"index_select", "embedding"})
+# eager/dynamism.py's vary_args, installed the same way: an index of index_select/embedding
+# whose length keeps changing becomes dynamic before the call, a copy_ source padded
+vary_args = None
+_VARYING_ARGS = frozenset({"index_select", "embedding", "copy_"})
 
 
 def intercept(name: str, fn) -> None:
@@ -59,17 +59,18 @@ def intercept(name: str, fn) -> None:
 
     - "dynamic":      fn(low, args, kwargs, serve, execute) serves every op call while tensors
                       of a dynamic dim exist
-    - "vary_index":   fn(low, args, kwargs) -> args, for index_select/embedding: an index whose
-                      length keeps changing becomes dynamic before the call
+    - "vary_args":    fn(low, args, kwargs) -> args, for index_select/embedding/copy_: an index
+                      whose length keeps changing becomes dynamic before the call; a small
+                      source copied into views of varying extent is padded to their bucket
     - "grow_dynamic": fn(low, a, b, d, run) serves a cat growing a tensor (eager/growth.py)
     - "on_grown":     fn(t, d, n, bucket, step) after a bucketed growth (eager/growth.py)
     - "after_flush":  fn() after each defer_and_fuse region (eager/deferred.py)
     """
-    global dynamic, vary_index
+    global dynamic, vary_args
     if name == "dynamic":
         dynamic = fn
-    elif name == "vary_index":
-        vary_index = fn
+    elif name == "vary_args":
+        vary_args = fn
     elif name in ("grow_dynamic", "on_grown"):
         growth.intercept(name, fn)
     elif name == "after_flush":
@@ -109,8 +110,8 @@ def _execute_placed(low: Lowering, args, kwargs):
 
 
 def _execute_here(low: Lowering, args, kwargs):
-    if vary_index is not None and low.name in _VARYING_INDEX:
-        args = vary_index(low, args, kwargs)
+    if vary_args is not None and low.name in _VARYING_ARGS:
+        args = vary_args(low, args, kwargs)
     if dynamic is not None:
         return dynamic(low, args, kwargs, _serve, _execute)
     return _serve(low, args, kwargs)
