@@ -52,8 +52,11 @@ def test_mark_dynamic_keeps_true_sizes():
     assert y.shape == x.shape and torchtpu.get_dynamism(y) == {1: (2, 100)}
     assert torchtpu.get_dynamism(y[:, 1:3]) == {} and torchtpu.get_dynamism(y.sum(1)) == {}
     assert torchtpu.get_dynamism(y.transpose(0, 1)) == {0: (2, 100)}
-    c = y.contiguous()  # the way out: a contiguous copy of the true sizes
-    assert c.is_contiguous() and torchtpu.get_dynamism(c) == {} and torch.equal(c.cpu(), x * 2)
+    c = y.contiguous()  # CPU's contiguous strides, still dynamic (packed at its storage's start)
+    assert c.stride() == (x * 2).stride() and torchtpu.get_dynamism(c) == {1: (2, 100)}
+    assert torch.equal(c.cpu(), x * 2)
+    flat = c.view(-1)  # a view merging the dim, as CPU's contiguous tensor allows: true sizes
+    assert torchtpu.get_dynamism(flat) == {} and torch.equal(flat.cpu(), (x * 2).view(-1))
     with pytest.raises(ValueError, match="bounds"):
         torchtpu.mark_dynamic(torch.zeros(2, 5, device="tpu"), 1, 6, 10)
 

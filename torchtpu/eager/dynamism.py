@@ -20,6 +20,7 @@ of it is dynamic in the dim with the marked stride and the true size.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 
 import jax
@@ -40,13 +41,17 @@ MIN_BUCKET = 16
 
 
 class Dyn:
-    """A storage padded along one dim: that dim's stride, true size, bucket and bounds."""
+    """A storage padded along one dim: that dim's stride, true size, bucket and bounds. A
+    packed one (ops/dynamism.py) holds a contiguous tensor of the true sizes at its start,
+    with room for the bucket: `outer` and `inner` are the numbers of elements before and
+    after the dim (stride None)."""
 
-    __slots__ = ("stride", "n", "bucket", "lower", "upper", "strict")
+    __slots__ = ("stride", "n", "bucket", "lower", "upper", "strict", "outer", "inner")
 
-    def __init__(self, stride, n, bucket, lower, upper, strict=True):
+    def __init__(self, stride, n, bucket, lower, upper, strict=True, outer=None, inner=None):
         self.stride, self.n, self.bucket = stride, n, bucket
         self.lower, self.upper, self.strict = lower, upper, strict
+        self.outer, self.inner = outer, inner
 
 
 _marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage entry -> Dyn
@@ -72,6 +77,13 @@ def _find(t: torch.Tensor):
     if info is None:
         return None
     shape, stride = t.shape, t.stride()
+    if info.inner is not None:  # packed: a contiguous view of the whole true tensor
+        if t.storage_offset() != 0 or t.numel() != info.outer * info.n * info.inner or not t.is_contiguous():
+            return None
+        for j in range(len(shape) - 1, -1, -1):
+            if shape[j] == info.n and math.prod(shape[j + 1:]) == info.inner:
+                return j, info
+        return None
     for j in range(len(shape) - 1, -1, -1):
         if shape[j] == info.n and stride[j] == info.stride:
             last = t.storage_offset() + (info.bucket - 1) * stride[j] + sum(
@@ -217,12 +229,22 @@ def execute(low: Lowering, args, kwargs, serve, run):
         return serve(low, args, kwargs)
     (p0, (d0, info)), = list(found.items())[:1]
     strict = any(i.strict for _, i in found.values())
-    if any((i.n, i.bucket) != (info.n, info.bucket) for _, i in found.values()):
-        raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
     functional = low.functional or low
     rule = rules.rule_for(functional.name, low.fn) if low.mode != "out" else None
+    if any((i.n, i.bucket) != (info.n, info.bucket) for _, i in found.values()):
+        if strict:
+            raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
+        found = _one_size(rule, args, kwargs, found)
+        if found is None:
+            bump("dynamic_exact")
+            return serve(low, args, kwargs)
+        (p0, (d0, info)), = list(found.items())[:1]
     dims = {p: d for p, (d, _) in found.items()}
     plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
+    if low.mode != "functional" and any(i.inner is not None for _, i in found.values()):
+        # a write into (or out= over) a packed tensor: on the true sizes, which it holds as is
+        bump("dynamic_exact")
+        return serve(low, args, kwargs)
     if low.mode == "inplace" and plan not in (None, rules.EXACT) and plan.outs[0] is not None:
         target = _target(low, args, kwargs)
         if target not in dims and _adopt(rules.get(args, kwargs, target), plan.outs[0][0], info):
@@ -260,23 +282,44 @@ def execute(low: Lowering, args, kwargs, serve, run):
             # a grown result never shrinks below its input's bucket (one moved ahead of its
             # edge by cross_edges stays there)
             bouts.append(max(b, info.bucket) if spec[1] > info.n else b)
-    ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra)
-    syn = _padded_lowering(low, rule, ctx)
     pargs, pkwargs = list(args), dict(kwargs)
-    for p, (d, _) in found.items():
+    packed = []
+    for p, (d, i) in found.items():
         t = rules.get(args, kwargs, p)
         shape = list(t.shape)
         shape[d] = info.bucket
-        rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+        if i.inner is None:
+            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+        else:  # the packed storage's first positions; the program unpacks the bucket
+            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, (i.outer * i.bucket * i.inner,), (1,), 0))
+            packed.append((p, tuple(shape), d))
+    pack = _packing(low, rule, plan, args, kwargs, found)
+    ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra,
+                    tuple(sorted(packed, key=repr)), pack)
+    syn = _padded_lowering(low, rule, ctx)
     pkwargs["dyn_n"] = info.n
     bump("dynamic_ops")
     res = run(syn, pargs, pkwargs)
     if low.mode == "inplace":
         return None if res is None else rules.get(args, kwargs, _target(low, args, kwargs))
-    out = _results(res, plan, bouts, info)
+    out = _results(res, plan, bouts, info, _broadcast_shape(args, kwargs) if pack else None)
     if low.name == "cat" and not info.strict and plan.extra and plan.extra[0]:
         _grew(out, plan.outs[0][0], plan.outs[0][1] - info.n)
     return out
+
+
+def _one_size(rule, args, kwargs, found):
+    """Of dynamic arguments of several sizes (none marked by the user: attention's few query
+    rows beside its many keys), those of one size the rule serves with the others read as
+    they are, the biggest size first; None when no size is served."""
+    groups: dict = {}
+    for p, (d, i) in found.items():
+        groups.setdefault((i.n, i.bucket), {})[p] = (d, i)
+    for (n, _), group in sorted(groups.items(), key=lambda kv: kv[0], reverse=True):
+        plan = None if rule is None else rule.plan(args, kwargs, {p: d for p, (d, _) in group.items()}, n)
+        if plan not in (None, rules.EXACT):
+            return group
+    return None
 
 
 def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
@@ -325,7 +368,33 @@ def _target(low: Lowering, args, kwargs):
     return (low.mutated[0],) if low.mutated[0] in kwargs or i >= len(args) else (i,)
 
 
-def _results(res, plan, bouts, info):
+def _packing(low: Lowering, rule, plan, args, kwargs, found) -> tuple:
+    """((result index, dim), ...) of the results to return packed: a contiguous copy's
+    (plan.contiguous), and an elementwise op's over packed inputs only, whose result CPU
+    lays out contiguously as they are. Both have one result, of their inputs' broadcast
+    shape."""
+    if low.mode != "functional" or len(plan.outs) != 1 or plan.outs[0] is None:
+        return ()
+    if not plan.contiguous and not (isinstance(rule, rules.Pointwise)
+                                    and all(i.inner is not None for _, i in found.values())):
+        return ()
+    return ((0, plan.outs[0][0]),)
+
+
+def _broadcast_shape(args, kwargs) -> list:
+    return list(torch.broadcast_shapes(*[tuple(rules.get(args, kwargs, p).shape)
+                                         for p in rules.tensor_paths(args, kwargs)]))
+
+
+def _contiguous(shape) -> tuple:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _results(res, plan, bouts, info, packed_shape=None):
     many = isinstance(res, (tuple, list))
     outs = list(res) if many else [res]
     done = []
@@ -335,6 +404,13 @@ def _results(res, plan, bouts, info):
             done.append(r)
             continue
         od, n = spec
+        if packed_shape is not None:  # r: the packed storage; the result its contiguous true tensor
+            shape = packed_shape
+            out = tensors.alias(r, shape, _contiguous(shape), 0)
+            _marked[storage.lookup(r)] = Dyn(None, n, bouts[min(i, len(bouts) - 1)], info.lower, info.upper,
+                                             info.strict, math.prod(shape[:od]), math.prod(shape[od + 1:]))
+            done.append(out)
+            continue
         shape = list(r.shape)
         shape[od] = n
         out = tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
@@ -483,7 +559,8 @@ def unpad_for_view(t: torch.Tensor) -> bool:
     (merging the grown dim with the dims before it: `ids.view(-1)`, `x.view(-1, x.size(-1))`)
     works here too; a bucket's strides make such a view impossible. Only a tensor no view
     shares a storage with (their writes would no longer reach it). Returns whether it moved;
-    the tensor is no longer dynamic (the ops over it run on its true sizes)."""
+    the tensor stays dynamic, packed (ops/dynamism.py), where the copy could be packed, and
+    runs on its true sizes otherwise."""
     f = _find(t)
     if f is None or f[1].strict or t.storage_offset() != 0:
         return False
@@ -491,7 +568,8 @@ def unpad_for_view(t: torch.Tensor) -> bool:
         return False
     with torch.no_grad():
         c = t.clone(memory_format=torch.contiguous_format)
-    if _find(c) is not None or not c.is_contiguous():
+    found = _find(c)
+    if (found is not None and found[1].inner is None) or not c.is_contiguous():
         return False
     tensors.set_geometry(t, c.untyped_storage(), tuple(t.shape), c.stride(), 0)
     bump("unpadded_for_view")

@@ -96,9 +96,11 @@ def plan(low, flat, pos, kw):
     dims = varying(_history, skey, shape)
     if dims is None:
         return None
-    dims = sorted(dims)
-    if any(shape[d] <= 1 for d in dims):
-        return None  # a size-1 dim's stride is not in its leaf
+    # a varying dim at size 1 here runs at that size (a size-1 dim's stride is not in its
+    # leaf): one decode row of a mask whose key length varies is bucketed along the keys
+    dims = sorted(d for d in dims if shape[d] > 1)
+    if not dims:
+        return None
     sizes = [shape[d] for d in dims]
     offsets = iter(flat.offsets or ())
     new, pads, fits = [], [], []

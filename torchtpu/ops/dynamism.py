@@ -37,6 +37,7 @@ class Plan:
     outs: tuple  # per result: (dim, true size) or None; one entry serves every result
     pads: tuple = ()  # ((path, dim), ...): static inputs padded to the bucket along dim
     extra: tuple = ()  # rule-specific static facts for apply
+    contiguous: bool = False  # dynamic results laid out as CPU's contiguous tensor (packed)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,44 @@ class Ctx:
     bucket: int
     bouts: tuple  # each result's bucket (None: static)
     extra: tuple = ()
+    packed: tuple = ()  # ((path, padded shape, dim), ...): inputs passed packed (unpack)
+    pack: tuple = ()  # ((result index, dim), ...): results returned packed (pack)
+
+
+# --- packed: a dynamic tensor with CPU's contiguous strides ------------------------------------
+#
+# A padded bucket has the bucket's strides, so a contiguous copy (`.contiguous()`, a reshape
+# that must copy, `repeat_kv`'s expand + reshape) could not be one without showing other strides
+# than CPU's. Packed, the tensor is an ordinary contiguous tensor of its true sizes at the start
+# of a storage with the bucket's room; a program over it gathers the padded bucket from those
+# positions (the strides before the dim are runtime values: they hold n) and scatters its
+# padded result back into them.
+
+def _true_positions(shape, d, n):
+    """For each position of the padded `shape`, its flat position in the contiguous tensor of
+    the true sizes (n at d), and whether it is one of the true positions."""
+    nd = len(shape)
+    pos = jnp.zeros(shape, jnp.int64)
+    step = jnp.asarray(1, jnp.int64)
+    for k in range(nd - 1, -1, -1):
+        pos = pos + lax.broadcasted_iota(jnp.int64, shape, k) * step
+        step = step * (n.astype(jnp.int64) if k == d else shape[k])
+    return pos, valid(shape, d, n)
+
+
+def unpack(flat, shape, d, n):
+    """The padded bucket `shape` (true size n at d) of a packed tensor's storage `flat`."""
+    pos, keep = _true_positions(shape, d, n)
+    got = jnp.take(flat, jnp.where(keep, pos, 0).reshape(-1), mode="clip").reshape(shape)
+    return jnp.where(keep, got, jnp.zeros((), flat.dtype))
+
+
+def pack(x, d, n):
+    """The packed storage (as many positions as the padded `x` has) of padded `x`."""
+    pos, keep = _true_positions(x.shape, d, n)
+    room = x.size
+    at = jnp.where(keep, pos, room).reshape(-1)
+    return jnp.zeros((room,), x.dtype).at[at].set(x.reshape(-1), mode="drop")
 
 
 def get(args, kwargs, path):
@@ -140,9 +179,11 @@ class Clone(Pointwise):
         fmt = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
         (p, d), = dims.items()
         t = get(args, kwargs, p)
+        base = super().plan(args, kwargs, dims, n)
         if fmt == torch.contiguous_format and any(s != 1 for s in t.shape[:d]):
-            return EXACT  # a contiguous copy cannot be a prefix of a padded buffer
-        return super().plan(args, kwargs, dims, n)
+            # a contiguous copy cannot be a prefix of a padded buffer: packed (see above)
+            return None if base is None else Plan(base.outs, base.pads, base.extra, contiguous=True)
+        return base
 
 
 # --- reductions ------------------------------------------------------------------------------
@@ -242,9 +283,13 @@ class Softmax(Rule):
 class Attention(Rule):
     def plan(self, args, kwargs, dims, n):
         q, k, v = args[0], args[1], args[2]
-        if any(d != 2 or p not in ((0,), (1,), (2,)) for p, d in dims.items()):
+        mask = kwargs.get("attn_mask")
+        keyed = {(0,): 2, (1,): 2, (2,): 2, ("attn_mask",): None if mask is None else mask.dim() - 1}
+        if any(keyed.get(p, -1) != d for p, d in dims.items()):
             return None
         qd, kd = (0,) in dims, (1,) in dims or (2,) in dims
+        if ("attn_mask",) in dims and not kd:
+            return None  # a mask padded along the keys of static keys
         pads = []
         if kd:
             for p, t in (((1,), k), ((2,), v)):
@@ -252,8 +297,7 @@ class Attention(Rule):
                     if t.shape[2] != n:
                         return None
                     pads.append((p, 2))
-        mask = kwargs.get("attn_mask")
-        if mask is not None:
+        if mask is not None and ("attn_mask",) not in dims:
             if kd and mask.shape[-1] == n and n != 1:
                 pads.append((("attn_mask",), mask.dim() - 1))
             if qd and mask.dim() >= 2 and mask.shape[-2] == n and n != 1:
@@ -539,8 +583,18 @@ def rule_for(name: str, fn) -> Rule | None:
 
 
 def apply(rule: Rule, fn, ctx: Ctx, *args, dyn_n, **kwargs):
-    """The lowering `fn` over padded inputs: static inputs padded, then the rule's masks."""
+    """The lowering `fn` over padded inputs: packed inputs unpacked, static inputs padded,
+    then the rule's masks; results packed where the plan keeps CPU's contiguous layout."""
     args = list(args)
+    for p, shape, d in ctx.packed:
+        put_arg(args, kwargs, p, unpack(get(args, kwargs, p), shape, d, dyn_n))
     for p, d in ctx.pads:
         put_arg(args, kwargs, p, pad_to(get(args, kwargs, p), d, ctx.bucket))
-    return rule.apply(fn, ctx, dyn_n, args, kwargs)
+    out = rule.apply(fn, ctx, dyn_n, args, kwargs)
+    if not ctx.pack:
+        return out
+    many = isinstance(out, (tuple, list))
+    outs = list(out) if many else [out]
+    for i, d in ctx.pack:
+        outs[i] = pack(outs[i], d, dyn_n)
+    return type(out)(outs) if many else outs[0]
