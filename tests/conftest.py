@@ -54,9 +54,9 @@ def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=
     atol/rtol, assert_close's defaults for the dtype when None; NaN equal to NaN only if
     equal_nan); each non-tensor leaf equal.
     atol may also be a function of the CPU tensor giving its absolute tolerance (atol_by_scale:
-    one relative to the reference's magnitude). device="cpu": the result side is expected on
-    the CPU instead (a tpu result copied back to the host, e.g. into pinned memory; a tpu op run
-    on CPU tensors)."""
+    one relative to the reference's magnitude). device="cpu": the result side is host memory
+    the backend produced, so its tensors must be on the CPU instead (a tpu result copied back,
+    a pinned copy, a tpu op run on CPU tensors)."""
     got, got_spec = tree_flatten(tpu)
     want, want_spec = tree_flatten(cpu)
     assert got_spec == want_spec, f"structure: tpu {got_spec} vs cpu {want_spec}"
