@@ -216,3 +216,14 @@ def atol_by_scale(tol):
     """An atol for assert_same/check: `tol` times the reference's largest magnitude, at least
     `tol` (sums of products cancel: an absolute error scales with the terms, not the result)."""
     return lambda want: tol * max(1.0, want.abs().max().item()) if want.numel() else tol
+
+
+def inplace(fn):
+    """`fn`, an in-place op, as a function of the same arguments returning what it mutated (its
+    first argument: a tensor or a list of them), so check() compares the mutated values on both
+    sides. check hands the CPU side the tensors given: pass copies (check makes the tpu ones)."""
+    def returning_self(self, *args, **kwargs):
+        fn(self, *args, **kwargs)
+        return self
+
+    return returning_self
