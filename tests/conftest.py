@@ -47,11 +47,16 @@ def to_cpu(x):
     return tree_map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a, x)
 
 
-def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False):
+def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
+                device="tpu"):
     """`tpu` matches the CPU result `cpu`: the same structure; each tensor on tpu with CPU's
     shape, dtype (unless check_dtype=False), strides (if check_stride) and values (within
     atol/rtol, assert_close's defaults for the dtype when None; NaN equal to NaN only if
-    equal_nan); each non-tensor leaf equal."""
+    equal_nan); each non-tensor leaf equal.
+    atol may also be a function of the CPU tensor giving its absolute tolerance (atol_by_scale:
+    one relative to the reference's magnitude). device="cpu": the result side is host memory
+    the backend produced, so its tensors must be on the CPU instead (a tpu result copied back,
+    a pinned copy, a tpu op run on CPU tensors)."""
     got, got_spec = tree_flatten(tpu)
     want, want_spec = tree_flatten(cpu)
     assert got_spec == want_spec, f"structure: tpu {got_spec} vs cpu {want_spec}"
@@ -60,9 +65,9 @@ def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=
             assert g == w, f"tpu {g!r} vs cpu {w!r}"
             continue
         if isinstance(w, torch.Tensor):
-            assert isinstance(g, torch.Tensor) and g.device.type == "tpu", f"not a tpu tensor: {g!r}"
-        torch.testing.assert_close(to_cpu(g), w, atol=atol, rtol=rtol, equal_nan=equal_nan,
-                                   check_dtype=check_dtype, check_stride=check_stride)
+            assert isinstance(g, torch.Tensor) and g.device.type == device, f"not a {device} tensor: {g!r}"
+        torch.testing.assert_close(to_cpu(g), w, atol=atol(w) if callable(atol) else atol, rtol=rtol,
+                                   equal_nan=equal_nan, check_dtype=check_dtype, check_stride=check_stride)
 
 
 # ---- the modes a test runs in ----------------------------------------------------------------
@@ -188,3 +193,37 @@ def run_in_mode(mode, fn, *args):
         with torchtpu.eager_mode("strict" if mode == "compile" else mode):
             out = in_mode(fn, mode)(*targs)
         return out.cpu() if isinstance(out, torch.Tensor) else out
+
+
+# ---- added for group A ----
+#
+# For a tpu program checked against a different CPU program (a kernel library's op against
+# the PyTorch functions it replaces) and for tolerances that follow the reference's scale.
+
+
+def check_against(fn, ref, *args, **kwargs):
+    """check() with `fn` on the tpu side and `ref`, the same math in other ops, on the CPU
+    side: the same arguments, tolerances, gradients (grad=, one shared random cotangent) and
+    mode. Which side a call is on is told by its first tensor argument's device."""
+    def either(*a, **k):
+        first = next(t for t in tree_flatten((a, k))[0] if isinstance(t, torch.Tensor))
+        return (ref if first.device.type == "cpu" else fn)(*a, **k)
+
+    return check(either, *args, **kwargs)
+
+
+def atol_by_scale(tol):
+    """An atol for assert_same/check: `tol` times the reference's largest magnitude, at least
+    `tol` (sums of products cancel: an absolute error scales with the terms, not the result)."""
+    return lambda want: tol * max(1.0, want.abs().max().item()) if want.numel() else tol
+
+
+def inplace(fn):
+    """`fn`, an in-place op, as a function of the same arguments returning what it mutated (its
+    first argument: a tensor or a list of them), so check() compares the mutated values on both
+    sides. check hands the CPU side the tensors given: pass copies (check makes the tpu ones)."""
+    def returning_self(self, *args, **kwargs):
+        fn(self, *args, **kwargs)
+        return self
+
+    return returning_self

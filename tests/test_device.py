@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same, check
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -48,9 +49,9 @@ def test_repr_prints_values():
 def test_factories():
     assert torch.zeros(2, 3, device="tpu").cpu().eq(0).all()
     assert torch.ones(2, 3, device="tpu", dtype=torch.int64).cpu().eq(1).all()
-    torch.testing.assert_close(torch.full((2,), 3.5, device="tpu").cpu(), torch.full((2,), 3.5))
-    torch.testing.assert_close(torch.arange(5, device="tpu").cpu(), torch.arange(5))
-    torch.testing.assert_close(torch.arange(0, 1, 0.25, device="tpu").cpu(), torch.arange(0, 1, 0.25))
+    assert_same(torch.full((2,), 3.5, device="tpu"), torch.full((2,), 3.5))
+    assert_same(torch.arange(5, device="tpu"), torch.arange(5))
+    assert_same(torch.arange(0, 1, 0.25, device="tpu"), torch.arange(0, 1, 0.25))
     e = torch.empty(4, 2, device="tpu")
     assert e.shape == (4, 2) and e.device.type == "tpu"
     r = torch.randn(100, device="tpu")
@@ -89,7 +90,7 @@ def test_device_mismatch_raises_like_cuda():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         a + b
     # 0-dim CPU tensors are scalars, as with cuda
-    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+    assert_same(a + torch.tensor(2.0), torch.full((3,), 3.0))
 
 
 # An op with only a CPU kernel: the tpu can serve it only through the fallback.
@@ -141,7 +142,7 @@ def test_fallback_counts_and_warns_once():
     m = torchtpu.metrics()
     assert m["fallback_ops"].get("torchtpu_test.double_it.default") == 2
     assert sum("no tpu lowering" in str(x.message) for x in w) == 1
-    torch.testing.assert_close(r1.cpu(), x * 2)
+    assert_same(r1, x * 2)
     assert r2.device.type == "tpu"
 
 
@@ -192,12 +193,7 @@ def test_inplace_dtype_error_names_op():
 
 
 def test_autograd_basic():
-    x = torch.randn(4, 3)
-    xt = x.to("tpu").requires_grad_()
-    xc = x.clone().requires_grad_()
-    (xt * xt).sum().backward()
-    (xc * xc).sum().backward()
-    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    check(lambda t: (t * t).sum(), torch.randn(4, 3), grad=True)
 
 
 def test_module_to_keeps_tied_parameters():
@@ -213,7 +209,7 @@ def test_module_to_keeps_tied_parameters():
     m(x.to("tpu")).square().sum().backward()
     ref(x).square().sum().backward()
     # the shared weight's gradient holds both uses, as on CPU
-    torch.testing.assert_close(m[0].weight.grad.cpu(), ref[0].weight.grad)
+    assert_same(m[0].weight.grad, ref[0].weight.grad)
     m.to("cpu")
     assert m[0].weight is m[1].weight and m[0].weight.device.type == "cpu"
 
@@ -223,20 +219,20 @@ def test_static_numbers_of_equal_value_and_other_type_are_other_programs():
     # ran first made arange(3) come back float32 in a full run)
     for a, b in ((3.0, 3), (1, True)):
         for v in (a, b):
-            torch.testing.assert_close(torch.full((2,), v, device="tpu").cpu(), torch.full((2,), v))
-    torch.testing.assert_close(torch.arange(3.0, device="tpu").cpu(), torch.arange(3.0))
-    torch.testing.assert_close(torch.arange(3, device="tpu").cpu(), torch.arange(3))
+            assert_same(torch.full((2,), v, device="tpu"), torch.full((2,), v))
+    assert_same(torch.arange(3.0, device="tpu"), torch.arange(3.0))
+    assert_same(torch.arange(3, device="tpu"), torch.arange(3))
 
 
 def test_integer_arange_with_a_moving_start_compiles_once(no_fallback):
     torchtpu.reset_metrics()
     for t in range(8):
-        torch.testing.assert_close(torch.arange(t, t + 3, device="tpu").cpu(), torch.arange(t, t + 3))
+        assert_same(torch.arange(t, t + 3, device="tpu"), torch.arange(t, t + 3))
     assert torchtpu.metrics()["compiles"] <= 2  # arange(3) and the add of a runtime start
-    torch.testing.assert_close(torch.arange(-4, 3, dtype=torch.int32, device="tpu").cpu(),
-                               torch.arange(-4, 3, dtype=torch.int32))
-    torch.testing.assert_close(torch.arange(3, 10, dtype=torch.float32, device="tpu").cpu(),
-                               torch.arange(3, 10, dtype=torch.float32))
+    assert_same(torch.arange(-4, 3, dtype=torch.int32, device="tpu"),
+                torch.arange(-4, 3, dtype=torch.int32))
+    assert_same(torch.arange(3, 10, dtype=torch.float32, device="tpu"),
+                torch.arange(3, 10, dtype=torch.float32))
     assert torch.arange(5, 5, device="tpu").shape == (0,)
     with pytest.raises(RuntimeError, match="bound"):
         torch.arange(7, 2, device="tpu")

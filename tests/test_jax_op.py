@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same, atol_by_scale, check_against
 from torchtpu.eager import deferred
 
 _ids = itertools.count()
@@ -37,30 +38,16 @@ def _inputs():
     return torch.randn(4, 8), torch.randn(8, 6)
 
 
-def _check_fwd_bwd(fn, ref, *inputs):
-    dev = [t.to("tpu").requires_grad_() for t in inputs]
-    cpu = [t.clone().requires_grad_() for t in inputs]
-    y = fn(*dev)
-    yc = ref(*cpu)
-    assert y.device.type == "tpu" and y.dtype == yc.dtype and y.shape == yc.shape
-    _close(y.cpu(), yc.detach())
-    (y * y).sum().backward()
-    (yc * yc).sum().backward()
-    for d, c in zip(dev, cpu):
-        _close(d.grad.cpu(), c.grad)
-
-
-def _close(a, b):
-    """float32 1e-5 relative, measured against the tensor's scale (sums of products cancel)."""
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * max(1.0, b.abs().max().item()))
+# float32 1e-5 relative, measured against the tensor's scale (sums of products cancel)
+TOL = dict(rtol=1e-5, atol=atol_by_scale(1e-5))
 
 
 @pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
 def test_forward_and_gradients_match_pytorch(mode, no_fallback):
     torchtpu.reset_metrics()
     with torchtpu.eager_mode(mode):
-        _check_fwd_bwd(SWIGLU, _swiglu_torch, *_inputs())
-        _check_fwd_bwd(torch.ops.jaxop_test.swiglu, _swiglu_torch, *_inputs())
+        check_against(SWIGLU, _swiglu_torch, *_inputs(), grad=True, **TOL)
+        check_against(torch.ops.jaxop_test.swiglu, _swiglu_torch, *_inputs(), grad=True, **TOL)
     assert torchtpu.metrics()["cpu_fallbacks"] == 0
 
 
@@ -85,10 +72,10 @@ def test_defer_and_fuse_region_with_the_op_is_one_executable(no_fallback):
         torchtpu.reset_metrics()
         y = (SWIGLU(xt * 2, wt) + 1).relu().sum(0)
         assert deferred.pending_count() >= 4  # recorded, not run
-        out = y.cpu()
+        y.cpu()  # runs the region
     m = torchtpu.metrics()
     assert m["regions_executed"] == 1 and m["region_compiles"] == 1 and m["executions"] == 1
-    torch.testing.assert_close(out, (_swiglu_torch(x * 2, w) + 1).relu().sum(0), rtol=1e-5, atol=1e-5)
+    assert_same(y, (_swiglu_torch(x * 2, w) + 1).relu().sum(0), rtol=1e-5, atol=1e-5)
 
 
 def test_torch_compile_fullgraph_inlines_the_op(no_fallback):
@@ -110,7 +97,7 @@ def test_torch_compile_fullgraph_inlines_the_op(no_fallback):
         return tpu_backend(gm, example_inputs)
 
     torchtpu.reset_metrics()
-    _check_fwd_bwd(torch.compile(f, backend="tpu", fullgraph=True), ref, *_inputs())
+    check_against(torch.compile(f, backend="tpu", fullgraph=True), ref, *_inputs(), grad=True, **TOL)
     torch._dynamo.reset()
     torch.compile(f, backend=spy, fullgraph=True)(*(t.to("tpu") for t in _inputs()))
     assert any("jaxop_test.swiglu" in s for s in seen)
@@ -143,20 +130,19 @@ def test_static_arguments_tuple_output_and_integer_output_without_gradient():
     xt = x.to("tpu").requires_grad_()
     y, idx = norm_argmax(xt, eps=1e-5)
     ref = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5)
-    torch.testing.assert_close(y.cpu(), ref, rtol=1e-5, atol=1e-5)
+    assert_same(y, ref, rtol=1e-5, atol=1e-5)
     assert idx.dtype == torch.int64 and not idx.requires_grad
     assert torch.equal(idx.cpu(), x.argmax(-1))
     y.sum().backward()
     xc = x.clone().requires_grad_()
     (xc * torch.rsqrt((xc * xc).mean(-1, keepdim=True) + 1e-5)).sum().backward()
-    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+    assert_same(xt.grad, xc.grad, rtol=1e-5, atol=1e-5)
     # compiled: the statics stay Python values (a tuple default included), the op is inlined
     y2 = torch.compile(lambda x: norm_argmax(x, eps=1e-5)[0] * 2, backend="tpu", fullgraph=True)(xt.detach())
-    torch.testing.assert_close(y2.cpu(), ref * 2, rtol=1e-5, atol=1e-5)
+    assert_same(y2, ref * 2, rtol=1e-5, atol=1e-5)
     # the same op on CPU tensors runs the same function through JAX on the host
     yc, ic = norm_argmax(x, eps=1e-5)
-    assert yc.device.type == "cpu"
-    torch.testing.assert_close(yc, ref, rtol=1e-5, atol=1e-5)
+    assert_same(yc, ref, rtol=1e-5, atol=1e-5, device="cpu")
 
 
 def test_tensor_list_and_optional_arguments():
@@ -169,12 +155,11 @@ def test_tensor_list_and_optional_arguments():
     op = torchtpu.jax_op(name, weighted_sum)
     a, b, s = torch.randn(3), torch.randn(3), torch.randn(3)
     at, bt, st = (t.to("tpu").requires_grad_() for t in (a, b, s))
-    torch.testing.assert_close(op([at, bt]).cpu(), a + b)
+    assert_same(op([at, bt]), a + b)
     y = op([at, bt], st)
-    torch.testing.assert_close(y.cpu(), (a + b) * s)
+    assert_same(y, (a + b) * s)
     y.sum().backward()
-    torch.testing.assert_close(at.grad.cpu(), s)
-    torch.testing.assert_close(st.grad.cpu(), a + b)
+    assert_same([at.grad, st.grad], [s, a + b])
 
 
 @pytest.mark.parametrize("mode", ["strict", "debug"])
@@ -218,7 +203,7 @@ def test_late_lowering_reaches_the_eager_dispatcher(no_fallback):
     registry.lower(name, variants=False)(lambda x: x * 3 + 1)
     ns, op = name.split("::")
     x = torch.randn(5)
-    torch.testing.assert_close(getattr(getattr(torch.ops, ns), op)(x.to("tpu")).cpu(), x * 3 + 1)
+    assert_same(getattr(getattr(torch.ops, ns), op)(x.to("tpu")), x * 3 + 1)
 
 
 # --- Pallas -------------------------------------------------------------------------------
@@ -309,7 +294,7 @@ def test_dlpack_both_ways():
     np.testing.assert_array_equal(np.asarray(a), x.t().numpy())
     back = torch.from_dlpack(jnp.arange(4.0), device="tpu")
     assert back.device.type == "tpu"
-    torch.testing.assert_close(back.cpu(), torch.arange(4.0, dtype=torch.float64))
+    assert_same(back, torch.arange(4.0, dtype=torch.float64))
     # elsewhere PyTorch's own path: a CPU tensor, and a host JAX array stays host memory here
     assert torch.from_dlpack(torch.arange(3)).device.type == "cpu"
     if torchtpu.platform() == "cpu":

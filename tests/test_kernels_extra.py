@@ -6,25 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same, atol_by_scale, check_against
 
-
-def _close(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * max(1.0, b.abs().max().item()))
-
-
-def _check(fn, ref, *inputs, grad=True):
-    dev = [None if t is None else t.to("tpu").requires_grad_(grad and t.is_floating_point()) for t in inputs]
-    cpu = [None if t is None else t.clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
-    y, yc = fn(*dev), ref(*cpu)
-    assert y.device.type == "tpu" and y.dtype == yc.dtype and y.shape == yc.shape
-    _close(y.cpu(), yc.detach())
-    if grad:
-        g = torch.randn(yc.shape)
-        y.backward(g.to("tpu"))
-        yc.backward(g)
-        for d, c in zip(dev, cpu):
-            if c is not None and c.requires_grad:
-                _close(d.grad.cpu(), c.grad)
+TOL = dict(rtol=1e-5, atol=atol_by_scale(1e-5))  # float32, against the reference's scale
 
 
 def test_tokamax_attention_matches_sdpa(no_fallback):
@@ -33,12 +17,14 @@ def test_tokamax_attention_matches_sdpa(no_fallback):
 
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
     torchtpu.reset_metrics()
-    _check(lambda q, k, v: tk.attention(q, k, v, is_causal=True),
-           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+    check_against(lambda q, k, v: tk.attention(q, k, v, is_causal=True),
+                  lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v,
+                  grad=True, **TOL)
     mask = torch.rand(2, 1, 5, 7) > 0.3
     mask[..., 0] = True
-    _check(lambda q, k, v, m: tk.attention(q, k, v, m, scale=0.3),
-           lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m, scale=0.3), q, k, v, mask)
+    check_against(lambda q, k, v, m: tk.attention(q, k, v, m, scale=0.3),
+                  lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m, scale=0.3), q, k, v, mask,
+                  grad=True, **TOL)
     assert torchtpu.metrics()["cpu_fallbacks"] == 0
 
 
@@ -47,11 +33,12 @@ def test_tokamax_norms_and_swiglu_match_pytorch(no_fallback):
     from torchtpu.kernels import tokamax as tk
 
     x, w, b = torch.randn(4, 16), torch.randn(16), torch.randn(16)
-    _check(lambda x, w, b: tk.layer_norm(x, w, b, eps=1e-5), lambda x, w, b: F.layer_norm(x, (16,), w, b, 1e-5),
-           x, w, b)
-    _check(lambda x, w: tk.rms_norm(x, w, eps=1e-6), lambda x, w: F.rms_norm(x, (16,), w, 1e-6), x, w)
+    check_against(lambda x, w, b: tk.layer_norm(x, w, b, eps=1e-5),
+                  lambda x, w, b: F.layer_norm(x, (16,), w, b, 1e-5), x, w, b, grad=True, **TOL)
+    check_against(lambda x, w: tk.rms_norm(x, w, eps=1e-6), lambda x, w: F.rms_norm(x, (16,), w, 1e-6), x, w,
+                  grad=True, **TOL)
     wg, wu = torch.randn(16, 6), torch.randn(16, 6)
-    _check(tk.swiglu, lambda x, wg, wu: F.silu(x @ wg) * (x @ wu), x, wg, wu)
+    check_against(tk.swiglu, lambda x, wg, wu: F.silu(x @ wg) * (x @ wu), x, wg, wu, grad=True, **TOL)
 
 
 try:  # a Helion kernel lives at module level: Helion refuses closures
@@ -78,4 +65,4 @@ def test_helion_kernel_runs_on_tpu_tensors(no_fallback):
     for mode in ("strict", "defer_and_fuse"):
         with torchtpu.eager_mode(mode):
             out = op(x.to("tpu"), y.to("tpu")) + 1
-            _close(out.cpu(), x * 2 + y + 1)
+            assert_same(out, x * 2 + y + 1, **TOL)

@@ -4,28 +4,11 @@ import torch
 
 import conftest
 import torchtpu
-from conftest import check, to_cpu
+from conftest import assert_same, check
 
 pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
 
 aten = torch.ops.aten
-
-
-def check_grad(fn, *inputs):
-    """Forward and gradients of sum(|fn(x)|^2-ish real loss) on tpu vs CPU."""
-
-    def run(device):
-        xs = [x.detach().to(device).requires_grad_(True) for x in inputs]
-        out = fn(*xs)
-        real = torch.view_as_real(out) if out.is_complex() else out
-        w = torch.arange(real.numel(), dtype=real.dtype).reshape(real.shape).to(device) / real.numel()
-        loss = (real * w).sum()
-        return out, torch.autograd.grad(loss, xs)
-
-    out_c, g_c = run("cpu")
-    out_t, g_t = run("tpu")
-    torch.testing.assert_close(out_t.cpu(), out_c)
-    torch.testing.assert_close(to_cpu(list(g_t)), list(g_c))
 
 
 def rc(*shape, dtype=torch.complex64):
@@ -82,7 +65,7 @@ def test_fft_out_variants(no_fallback):
         out = torch.empty(0, dtype=ref.dtype, device="tpu")
         res = fn(x.to("tpu"), *args, out=out)
         assert res is out
-        torch.testing.assert_close(out.cpu(), ref)
+        assert_same(out, ref)
 
 
 # --- the torch.fft API -------------------------------------------------------------
@@ -145,22 +128,22 @@ def test_fft_inplace_style_out(no_fallback):
     out = torch.empty(3, 5, dtype=torch.complex64, device="tpu")
     x = r(3, 5)
     torch.fft.fft(x.to("tpu"), out=out)
-    torch.testing.assert_close(out.cpu(), torch.fft.fft(x))
+    assert_same(out, torch.fft.fft(x))
 
 
 # --- backward ------------------------------------------------------------------------
 
 
 def test_fft_backward(no_fallback):
-    check_grad(lambda t: torch.fft.fft(t), r(4, 6))
-    check_grad(lambda t: torch.fft.ifft(t, norm="ortho"), rc(4, 6))
-    check_grad(lambda t: torch.fft.fftn(t, s=(5, 7)), rc(4, 6))
-    check_grad(lambda t: torch.fft.rfft(t, norm="forward"), r(4, 7))
-    check_grad(lambda t: torch.fft.rfft2(t), r(4, 6))
-    check_grad(lambda t: torch.fft.irfft(t, n=9), rc(4, 5))
-    check_grad(lambda t: torch.fft.irfftn(t, norm="ortho"), rc(3, 4, 5))
-    check_grad(lambda t: torch.fft.hfft(t), rc(4, 5))
-    check_grad(lambda t: torch.fft.ihfft2(t), r(4, 6))
+    check(lambda t: torch.fft.fft(t), r(4, 6), grad=True)
+    check(lambda t: torch.fft.ifft(t, norm="ortho"), rc(4, 6), grad=True)
+    check(lambda t: torch.fft.fftn(t, s=(5, 7)), rc(4, 6), grad=True)
+    check(lambda t: torch.fft.rfft(t, norm="forward"), r(4, 7), grad=True)
+    check(lambda t: torch.fft.rfft2(t), r(4, 6), grad=True)
+    check(lambda t: torch.fft.irfft(t, n=9), rc(4, 5), grad=True)
+    check(lambda t: torch.fft.irfftn(t, norm="ortho"), rc(3, 4, 5), grad=True)
+    check(lambda t: torch.fft.hfft(t), rc(4, 5), grad=True)
+    check(lambda t: torch.fft.ihfft2(t), r(4, 6), grad=True)
 
 
 # --- stft / istft -----------------------------------------------------------------------
@@ -171,8 +154,8 @@ def test_stft(no_fallback):
     sig = r(2, 40)
     check(lambda s, w: torch.stft(s, 8, hop_length=2, window=w, return_complex=True), sig, w)
     check(lambda s: torch.stft(s, 16, hop_length=4, onesided=False, return_complex=True), sig)
-    check_grad(lambda s: torch.stft(s, 8, hop_length=3, window=torch.hann_window(8, device=s.device),
-                                    return_complex=True), sig)
+    check(lambda s: torch.stft(s, 8, hop_length=3, window=torch.hann_window(8, device=s.device),
+                               return_complex=True), sig, grad=True)
 
 
 def test_istft_ffts_native():

@@ -66,10 +66,10 @@ def test_index_out():
     i = torch.tensor([1, 3])
     out = torch.empty(0, device=T)
     torch.index_select(x.to(T), 0, i.to(T), out=out)
-    torch.testing.assert_close(out.cpu(), x[i])
+    assert_same(out, x[i])
     out2 = torch.empty(0, device=T)
     torch.ops.aten.index.Tensor_out(x.to(T), [i.to(T)], out=out2)
-    torch.testing.assert_close(out2.cpu(), x[i])
+    assert_same(out2, x[i])
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
@@ -193,7 +193,7 @@ def test_scatter():
     check(lambda x, i: x.scatter(1, i, 3), xi, idx)
     out = torch.empty(4, 5, device=T)
     torch.scatter_add(x.to(T), 1, idx.to(T), src.to(T), out=out)
-    torch.testing.assert_close(out.cpu(), torch.scatter_add(x, 1, idx, src))
+    assert_same(out, torch.scatter_add(x, 1, idx, src))
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
@@ -333,7 +333,7 @@ def test_repeat_interleave():
     check(lambda r: torch.repeat_interleave(r, output_size=6), r.int())
     # a compiled graph with output_size keeps it on tpu (kimi_k25's patch index ran it on CPU)
     fn = torch.compile(lambda x, r: x.repeat_interleave(r, dim=0, output_size=6) * 2, backend="tpu")
-    torch.testing.assert_close(fn(x.to("tpu"), r.to("tpu")).cpu(), x.repeat_interleave(r, dim=0) * 2)
+    assert_same(fn(x.to("tpu"), r.to("tpu")), x.repeat_interleave(r, dim=0) * 2)
 
 
 @pytest.mark.parametrize("repeats,kw", [([[1, 2]], {}), ([1, -2], {}), ([1.0, 2.0], {}), ([1, 2], {"output_size": 5})])
@@ -475,7 +475,7 @@ def test_arange():
         c = torch.arange(*a, **k)
         t = torch.arange(*a, device=T, **k)
         assert t.dtype == c.dtype
-        torch.testing.assert_close(t.cpu(), c)
+        assert_same(t, c)
 
     f(5)
     f(2, 9)
@@ -490,7 +490,7 @@ def test_arange():
     f(0)
     out = torch.empty(3, dtype=torch.int64, device=T)
     torch.arange(2, 12, 2, out=out)
-    torch.testing.assert_close(out.cpu(), torch.arange(2, 12, 2))
+    assert_same(out, torch.arange(2, 12, 2))
     with pytest.raises(RuntimeError):
         torch.arange(0, 5, -1, device=T)
 
@@ -500,7 +500,7 @@ def test_linspace_logspace():
         c = fn(*a, **k)
         t = fn(*a, device=T, **k)
         assert t.dtype == c.dtype
-        torch.testing.assert_close(t.cpu(), c)
+        assert_same(t, c)
 
     f(torch.linspace, 0, 1, 5)
     f(torch.linspace, -3.5, 7, 11)
@@ -513,10 +513,10 @@ def test_linspace_logspace():
     f(torch.logspace, 0, 3, 4, dtype=torch.int64)
     out = torch.empty(0, device=T)
     torch.linspace(0, 1, 6, out=out)
-    torch.testing.assert_close(out.cpu(), torch.linspace(0, 1, 6))
+    assert_same(out, torch.linspace(0, 1, 6))
     out = torch.empty(0, device=T, dtype=torch.float64)
     torch.logspace(0, 1, 3, out=out)
-    torch.testing.assert_close(out.cpu(), torch.logspace(0, 1, 3, dtype=torch.float64))
+    assert_same(out, torch.logspace(0, 1, 3, dtype=torch.float64))
 
 
 def test_full_eye_like():
@@ -524,7 +524,7 @@ def test_full_eye_like():
         c = fn(*a, **k)
         t = fn(*a, device=T, **k)
         assert t.dtype == c.dtype, (t.dtype, c.dtype)
-        torch.testing.assert_close(t.cpu(), c)
+        assert_same(t, c)
 
     f(torch.full, (2, 3), 1.5)
     f(torch.full, (2, 3), 7)
@@ -544,7 +544,7 @@ def test_full_eye_like():
     f(torch.triu_indices, 3, 5, 1)
     out = torch.empty(0, device=T, dtype=torch.int64)
     torch.eye(3, 2, out=out)
-    torch.testing.assert_close(out.cpu(), torch.eye(3, 2, dtype=torch.int64))
+    assert_same(out, torch.eye(3, 2, dtype=torch.int64))
     x = R(2, 3)
     check(lambda x: torch.ones_like(x), x)
     check(lambda x: torch.zeros_like(x, dtype=torch.int64), x)
@@ -558,8 +558,8 @@ def test_full_eye_like():
     check(lambda x: x.to(torch.bfloat16), x)
     t = torch.tensor([[1, 2], [3, 4]], device=T)
     assert t.dtype == torch.int64
-    torch.testing.assert_close(t.cpu(), torch.tensor([[1, 2], [3, 4]]))
-    torch.testing.assert_close(torch.tensor(2.5, device=T).cpu(), torch.tensor(2.5))
+    assert_same(t, torch.tensor([[1, 2], [3, 4]]))
+    assert_same(torch.tensor(2.5, device=T), torch.tensor(2.5))
 
 
 def test_no_cpu_fallbacks_for_family():
@@ -578,8 +578,8 @@ def test_misc_index_paths():
     x = R(3, 4)
     # CPU index tensors are accepted for tpu tensors (as on CUDA)
     i = torch.tensor([2, 0])
-    torch.testing.assert_close(x.to(T)[i].cpu(), x[i])
-    torch.testing.assert_close(x.to(T)[i.int().to(T)].cpu(), x[i.int()])
+    assert_same(x.to(T)[i], x[i])
+    assert_same(x.to(T)[i.int().to(T)], x[i.int()])
     # bool destinations: add/multiply become or/and
     b = R(3, 4, dtype=torch.bool)
     idx = torch.tensor([[0, 1], [2, 2]])
@@ -659,7 +659,7 @@ def test_linspace_logspace_infer_complex_and_exact_integral_steps(mode):
                 want = fn(start, end, 7)
                 got = fn(start, end, 7, device=T)
                 assert got.dtype == want.dtype
-                torch.testing.assert_close(got.cpu(), want)
+                assert_same(got, want)
         for dt in (torch.int32, torch.int64, torch.float64):
             want = torch.linspace(0, 999999, 1000000, dtype=dt)
             assert torch.equal(torch.linspace(0, 999999, 1000000, dtype=dt, device=T).cpu(), want)

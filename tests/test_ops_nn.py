@@ -3,10 +3,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._pytree import tree_leaves, tree_map
+from functools import partial
 
 import conftest
 import torchtpu
+from conftest import assert_same
 
 pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
 
@@ -14,38 +15,8 @@ F32 = dict(atol=1e-4, rtol=1e-4)
 LOW = dict(atol=2e-2, rtol=2e-2)
 
 
-def _tpu(a):
-    if isinstance(a, torch.Tensor):
-        return a.detach().to("tpu").requires_grad_(a.requires_grad)
-    return a
-
-
-def run(fn, *args, grad=True, tol=None, **kw):
-    """Run fn on CPU and on tpu; compare every output and, with grad, the input gradients."""
-    cargs = tree_map(lambda a: a.detach().clone().requires_grad_(grad and a.is_floating_point())
-                     if isinstance(a, torch.Tensor) else a, args)
-    targs = tree_map(_tpu, cargs)
-    cout = fn(*cargs, **kw)
-    tout = fn(*targs, **kw)
-    cl = [c for c in tree_leaves(cout) if isinstance(c, torch.Tensor)]
-    tl = [t for t in tree_leaves(tout) if isinstance(t, torch.Tensor)]
-    assert len(cl) == len(tl)
-    low = any(c.dtype in (torch.float16, torch.bfloat16) for c in cl)
-    tol = tol or (LOW if low else F32)
-    for c, t in zip(cl, tl):
-        assert t.device.type == "tpu"
-        assert t.dtype == c.dtype and t.shape == c.shape
-        torch.testing.assert_close(t.cpu(), c, **tol)
-    if grad:
-        cins = [a for a in tree_leaves(cargs) if isinstance(a, torch.Tensor) and a.requires_grad]
-        tins = [a for a in tree_leaves(targs) if isinstance(a, torch.Tensor) and a.requires_grad]
-        cot = torch.randn(cl[0].shape, dtype=torch.float32).to(cl[0].dtype)
-        gc = torch.autograd.grad(cl[0], cins, cot)
-        gt = torch.autograd.grad(tl[0], tins, cot.to("tpu"))
-        for a, b in zip(gc, gt):
-            assert b.device.type == "tpu"
-            torch.testing.assert_close(b.cpu(), a, **tol)
-    return cout, tout
+# this family's tolerances: float32 results to 1e-4, bfloat16/float16 ones (**LOW) to 2e-2
+check = partial(conftest.check, **F32)
 
 
 def rnd(*shape, dtype=torch.float32):
@@ -71,7 +42,7 @@ CONV_CASES = [
 def test_conv(no_fallback, xs, ws, kw, bias):
     conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(ws)]
     b = rnd(ws[0]) if bias else None
-    run(lambda x, w, b: conv(x, w, b, **kw), rnd(*xs), rnd(*ws), b)
+    check(lambda x, w, b: conv(x, w, b, **kw), rnd(*xs), rnd(*ws), b, grad=True)
 
 
 CONVT_CASES = [
@@ -85,37 +56,34 @@ CONVT_CASES = [
 @pytest.mark.parametrize("xs,ws,kw", CONVT_CASES)
 def test_conv_transpose(no_fallback, xs, ws, kw):
     conv = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(ws)]
-    run(lambda x, w, b: conv(x, w, b, **kw), rnd(*xs), rnd(*ws), rnd(ws[1] * kw.get("groups", 1)))
+    check(lambda x, w, b: conv(x, w, b, **kw), rnd(*xs), rnd(*ws), rnd(ws[1] * kw.get("groups", 1)), grad=True)
 
 
 def test_conv_noncontiguous_and_low_precision(no_fallback):
     x = rnd(2, 6, 6, 3).permute(0, 3, 1, 2)  # channels-last view
-    run(lambda x, w: F.conv2d(x, w, padding=1), x, rnd(4, 3, 3, 3))
+    check(lambda x, w: F.conv2d(x, w, padding=1), x, rnd(4, 3, 3, 3), grad=True)
     for dt in (torch.bfloat16, torch.float16):
-        run(lambda x, w, b: F.conv2d(x, w, b), rnd(1, 2, 5, 5, dtype=dt), rnd(3, 2, 3, 3, dtype=dt),
-            rnd(3, dtype=dt), grad=dt == torch.bfloat16, tol=dict(atol=5e-2, rtol=5e-2))
+        check(lambda x, w, b: F.conv2d(x, w, b), rnd(1, 2, 5, 5, dtype=dt), rnd(3, 2, 3, 3, dtype=dt),
+              rnd(3, dtype=dt), grad=dt == torch.bfloat16, atol=5e-2, rtol=5e-2)
 
 
 def test_conv_aten_direct(no_fallback):
     x, w = rnd(2, 3, 5, 5), rnd(4, 3, 3, 3)
     args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
-    run(lambda x, w: torch.ops.aten.convolution(x, w, None, *args), x, w, grad=False)
+    check(lambda x, w: torch.ops.aten.convolution(x, w, None, *args), x, w)
     out = torch.empty(0, device="tpu")
     torch.ops.aten.convolution.out(x.to("tpu"), w.to("tpu"), None, *args, out=out)
-    torch.testing.assert_close(out.cpu(), torch.ops.aten.convolution(x, w, None, *args), **F32)
+    assert_same(out, torch.ops.aten.convolution(x, w, None, *args), **F32)
     # output_mask: unrequested gradients are None, like PyTorch
     g = rnd(2, 4, 3, 3)
     for mask in ([True, False, False], [False, True, True]):
         c = torch.ops.aten.convolution_backward(g, x, w, [4], *args, mask)
         t = torch.ops.aten.convolution_backward(g.to("tpu"), x.to("tpu"), w.to("tpu"), [4], *args, mask)
-        for a, b in zip(c, t):
-            assert (a is None) == (b is None)
-            if a is not None:
-                torch.testing.assert_close(b.cpu(), a, **F32)
+        assert_same(t, c, **F32)  # None where CPU gives None
 
 
 def test_conv_empty_batch(no_fallback):
-    run(lambda x, w: F.conv2d(x, w), rnd(0, 3, 5, 5), rnd(4, 3, 3, 3), grad=False)
+    check(lambda x, w: F.conv2d(x, w), rnd(0, 3, 5, 5), rnd(4, 3, 3, 3))
 
 
 # --- pooling --------------------------------------------------------------------------
@@ -130,21 +98,21 @@ MAXPOOL_CASES = [
 
 @pytest.mark.parametrize("xs,kw", MAXPOOL_CASES)
 def test_max_pool2d(no_fallback, xs, kw):
-    run(lambda x: F.max_pool2d(x, return_indices=True, **kw), rnd(*xs))
+    check(lambda x: F.max_pool2d(x, return_indices=True, **kw), rnd(*xs), grad=True)
 
 
 def test_max_pool_1d_3d_and_dtypes(no_fallback):
-    run(lambda x: F.max_pool1d(x, 3, 2, 1, return_indices=True), rnd(2, 3, 10))
-    run(lambda x: F.max_pool3d(x, 2, 2, 1, ceil_mode=True, return_indices=True), rnd(1, 2, 5, 4, 5))
-    run(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randint(-50, 50, (2, 5, 6)), grad=False)
-    run(lambda x: F.max_pool2d(x, 2, return_indices=True), rnd(1, 2, 6, 6, dtype=torch.bfloat16))
+    check(lambda x: F.max_pool1d(x, 3, 2, 1, return_indices=True), rnd(2, 3, 10), grad=True)
+    check(lambda x: F.max_pool3d(x, 2, 2, 1, ceil_mode=True, return_indices=True), rnd(1, 2, 5, 4, 5), grad=True)
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randint(-50, 50, (2, 5, 6)))
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), rnd(1, 2, 6, 6, dtype=torch.bfloat16), grad=True, **LOW)
     # ties and -inf: indices point at the first valid maximum
     x = torch.full((1, 1, 4, 4), float("-inf"))
     x[0, 0, 3, 3] = 1.0
-    run(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x, grad=False)
-    run(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.ones(1, 2, 4, 4))
-    run(lambda x: F.max_pool2d(x, 2), rnd(8, 8, 2).permute(2, 0, 1)[None])  # non-contiguous
-    run(lambda x: F.max_pool2d(x, 2), rnd(0, 2, 4, 4), grad=False)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.ones(1, 2, 4, 4), grad=True)
+    check(lambda x: F.max_pool2d(x, 2), rnd(8, 8, 2).permute(2, 0, 1)[None], grad=True)  # non-contiguous
+    check(lambda x: F.max_pool2d(x, 2), rnd(0, 2, 4, 4))
 
 
 AVGPOOL_CASES = [
@@ -162,7 +130,7 @@ AVGPOOL_CASES = [
 
 @pytest.mark.parametrize("xs,kw", AVGPOOL_CASES)
 def test_avg_pool2d(no_fallback, xs, kw):
-    run(lambda x: F.avg_pool2d(x, **kw), rnd(*xs))
+    check(lambda x: F.avg_pool2d(x, **kw), rnd(*xs), grad=True)
 
 
 def test_avg_pool_kernel_past_the_input_pads_no_more_than_the_data():
@@ -180,26 +148,26 @@ def test_avg_pool_kernel_past_the_input_pads_no_more_than_the_data():
 
 
 def test_avg_pool_1d_3d_and_dtypes(no_fallback):
-    run(lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), rnd(2, 3, 10))
-    run(lambda x: F.avg_pool3d(x, 2, 2, 1, ceil_mode=True), rnd(1, 2, 5, 4, 5))
-    run(lambda x: F.avg_pool3d(x, (2, 3, 2), divisor_override=3), rnd(1, 2, 4, 6, 4))
-    run(lambda x: F.avg_pool2d(x, 2), rnd(1, 2, 6, 6, dtype=torch.bfloat16))
-    run(lambda x: F.avg_pool2d(x, 3, 2, 1), torch.randint(-50, 50, (2, 2, 7, 7)), grad=False)
-    run(lambda x: F.avg_pool2d(x, 2), rnd(8, 8, 2).permute(2, 0, 1)[None])
+    check(lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), rnd(2, 3, 10), grad=True)
+    check(lambda x: F.avg_pool3d(x, 2, 2, 1, ceil_mode=True), rnd(1, 2, 5, 4, 5), grad=True)
+    check(lambda x: F.avg_pool3d(x, (2, 3, 2), divisor_override=3), rnd(1, 2, 4, 6, 4), grad=True)
+    check(lambda x: F.avg_pool2d(x, 2), rnd(1, 2, 6, 6, dtype=torch.bfloat16), grad=True, **LOW)
+    check(lambda x: F.avg_pool2d(x, 3, 2, 1), torch.randint(-50, 50, (2, 2, 7, 7)))
+    check(lambda x: F.avg_pool2d(x, 2), rnd(8, 8, 2).permute(2, 0, 1)[None], grad=True)
 
 
 @pytest.mark.parametrize("xs,out", [((2, 3, 7, 9), (3, 4)), ((3, 8, 8), (8, 3)), ((1, 2, 5, 5), (7, 2))])
 def test_adaptive_pool2d(no_fallback, xs, out):
-    run(lambda x: F.adaptive_avg_pool2d(x, out), rnd(*xs))
-    run(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), rnd(*xs))
+    check(lambda x: F.adaptive_avg_pool2d(x, out), rnd(*xs), grad=True)
+    check(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), rnd(*xs), grad=True)
 
 
 def test_adaptive_pool_1d_3d(no_fallback):
-    run(lambda x: F.adaptive_avg_pool1d(x, 4), rnd(2, 3, 10))
-    run(lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True), rnd(2, 3, 10))
-    run(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), rnd(1, 2, 5, 7, 4))
-    run(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True), rnd(1, 2, 5, 7, 4))
-    run(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), rnd(1, 2, 5, 7, dtype=torch.bfloat16))
+    check(lambda x: F.adaptive_avg_pool1d(x, 4), rnd(2, 3, 10), grad=True)
+    check(lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True), rnd(2, 3, 10), grad=True)
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), rnd(1, 2, 5, 7, 4), grad=True)
+    check(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True), rnd(1, 2, 5, 7, 4), grad=True)
+    check(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), rnd(1, 2, 5, 7, dtype=torch.bfloat16), grad=True, **LOW)
 
 
 def test_pool_out_variants(no_fallback):
@@ -207,11 +175,11 @@ def test_pool_out_variants(no_fallback):
     out, idx = torch.empty(0, device="tpu"), torch.empty(0, dtype=torch.long, device="tpu")
     torch.ops.aten.max_pool2d_with_indices.out(x.to("tpu"), [2], [2], [0], [1], False, out=out, indices=idx)
     c = torch.ops.aten.max_pool2d_with_indices(x, [2], [2])
-    torch.testing.assert_close(out.cpu(), c[0])
-    torch.testing.assert_close(idx.cpu(), c[1])
+    assert_same(out, c[0])
+    assert_same(idx, c[1])
     o = torch.empty(0, device="tpu")
     torch.ops.aten.avg_pool2d.out(x.to("tpu"), [3], [1], [1], out=o)
-    torch.testing.assert_close(o.cpu(), torch.ops.aten.avg_pool2d(x, [3], [1], [1]))
+    assert_same(o, torch.ops.aten.avg_pool2d(x, [3], [1], [1]))
 
 
 # --- normalization ------------------------------------------------------------------
@@ -230,49 +198,39 @@ def test_batch_norm_train(no_fallback, affine, shape):
     tw = w.to("tpu").requires_grad_() if affine else None
     cy = F.batch_norm(cx, rm_c, rv_c, cw, b, training=True, momentum=0.3)
     ty = F.batch_norm(tx, rm_t, rv_t, tw, b.to("tpu") if affine else None, training=True, momentum=0.3)
-    torch.testing.assert_close(ty.cpu(), cy, **F32)
-    torch.testing.assert_close(rm_t.cpu(), rm_c, **F32)  # running stats updated in place
-    torch.testing.assert_close(rv_t.cpu(), rv_c, **F32)
+    assert_same(ty, cy, **F32)
+    assert_same(rm_t, rm_c, **F32)  # running stats updated in place
+    assert_same(rv_t, rv_c, **F32)
     cot = rnd(*shape)
     ins_c, ins_t = [cx] + ([cw] if affine else []), [tx] + ([tw] if affine else [])
-    for a, t in zip(torch.autograd.grad(cy, ins_c, cot), torch.autograd.grad(ty, ins_t, cot.to("tpu"))):
-        torch.testing.assert_close(t.cpu(), a, **F32)
+    assert_same(torch.autograd.grad(ty, ins_t, cot.to("tpu")), torch.autograd.grad(cy, ins_c, cot), **F32)
 
 
 def test_batch_norm_eval_and_no_stats(no_fallback):
     x, w, b, rm, rv = rnd(4, 3, 5), rnd(3), rnd(3), rnd(3), torch.rand(3) + 0.5
-    run(lambda x, w, b: F.batch_norm(x, rm.to(x.device), rv.to(x.device), w, b, training=False), x, w, b)
-    run(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b)
-    run(lambda x: F.instance_norm(x), rnd(2, 3, 4, 4))
+    check(lambda x, w, b: F.batch_norm(x, rm.to(x.device), rv.to(x.device), w, b, training=False), x, w, b, grad=True)
+    check(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b, grad=True)
+    check(lambda x: F.instance_norm(x), rnd(2, 3, 4, 4), grad=True)
     # bfloat16 input with float32 parameters (mixed precision)
     xb = rnd(4, 3, 5, dtype=torch.bfloat16)
-    run(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), xb, w, b)
-    run(lambda x: torch.ops.aten.native_batch_norm(x, None, None, rm.to(x.device), rv.to(x.device), False,
-                                                   0.1, 1e-5), x, grad=False)
+    check(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), xb, w, b, grad=True, **LOW)
+    check(lambda x: torch.ops.aten.native_batch_norm(x, None, None, rm.to(x.device), rv.to(x.device), False,
+                                                     0.1, 1e-5), x)
 
 
 def test_batch_norm_aten_variants(no_fallback):
     A = torch.ops.aten
     x, w, b, rm, rv = rnd(4, 3, 5), rnd(3), rnd(3), rnd(3), torch.rand(3) + 0.5
 
-    def both(fn, mutate=()):
-        c_rm, c_rv = rm.clone(), rv.clone()
-        t_rm, t_rv = rm.to("tpu"), rv.to("tpu")
-        c = fn(x, w, b, c_rm, c_rv)
-        t = fn(x.to("tpu"), w.to("tpu"), b.to("tpu"), t_rm, t_rv)
-        for a, bb in zip(c, t):
-            assert a.dtype == bb.dtype and a.shape == bb.shape
-            torch.testing.assert_close(bb.cpu(), a, **F32)
-        torch.testing.assert_close(t_rm.cpu(), c_rm, **F32)
-        torch.testing.assert_close(t_rv.cpu(), c_rv, **F32)
-
-    both(lambda x, w, b, m, v: A._native_batch_norm_legit(x, w, b, m, v, True, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A._native_batch_norm_legit(x, w, b, m, v, False, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A._native_batch_norm_legit_no_training(x, w, b, m, v, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A._batch_norm_with_update(x, w, b, m, v, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A._batch_norm_no_update(x, w, b, m, v, 0.1, 1e-5))
-    both(lambda x, w, b, m, v: A.native_batch_norm(x, w, b, m, v, True, 0.2, 1e-3))
+    for fn in (lambda x, w, b, m, v: A._native_batch_norm_legit(x, w, b, m, v, True, 0.1, 1e-5),
+               lambda x, w, b, m, v: A._native_batch_norm_legit(x, w, b, m, v, False, 0.1, 1e-5),
+               lambda x, w, b, m, v: A._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5),
+               lambda x, w, b, m, v: A._native_batch_norm_legit_no_training(x, w, b, m, v, 0.1, 1e-5),
+               lambda x, w, b, m, v: A._batch_norm_with_update(x, w, b, m, v, 0.1, 1e-5),
+               lambda x, w, b, m, v: A._batch_norm_no_update(x, w, b, m, v, 0.1, 1e-5),
+               lambda x, w, b, m, v: A.native_batch_norm(x, w, b, m, v, True, 0.2, 1e-3)):
+        # the outputs and the running stats, updated in place
+        check(lambda x, w, b, m, v: (fn(x, w, b, m, v), m, v), x, w, b, rm.clone(), rv.clone())
     # backward ops called directly, with a partial output_mask
     g = rnd(4, 3, 5)
     _, sm, si = A.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
@@ -281,10 +239,7 @@ def test_batch_norm_aten_variants(no_fallback):
             c = A.batch_norm_backward(g, x, w, rm, rv, sm, si, update, 1e-5, mask, torch.empty(0, dtype=torch.uint8))
             t = A.batch_norm_backward(*[a.to("tpu") for a in (g, x, w, rm, rv, sm, si)], update, 1e-5, mask,
                                       torch.empty(0, dtype=torch.uint8, device="tpu"))
-            for a, bb in zip(c, t):
-                assert (a is None) == (bb is None)
-                if a is not None:
-                    torch.testing.assert_close(bb.cpu(), a, **F32)
+            assert_same(t, c, **F32)  # None where CPU gives None
 
 
 def test_batch_norm_momentum_none_no_recompile(no_fallback):
@@ -294,37 +249,37 @@ def test_batch_norm_momentum_none_no_recompile(no_fallback):
         if i == 1:
             torchtpu.reset_metrics()
         xi = x + i
-        torch.testing.assert_close(bn_t(xi.to("tpu")).cpu(), bn_c(xi), **F32)
+        assert_same(bn_t(xi.to("tpu")), bn_c(xi), **F32)
     assert torchtpu.metrics()["compiles"] <= 1  # only num_batches_tracked's add may compile
-    torch.testing.assert_close(bn_t.running_mean.cpu(), bn_c.running_mean, **F32)
-    torch.testing.assert_close(bn_t.running_var.cpu(), bn_c.running_var, **F32)
+    assert_same(bn_t.running_mean, bn_c.running_mean, **F32)
+    assert_same(bn_t.running_var, bn_c.running_var, **F32)
 
 
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm(no_fallback, affine):
     shape = (2, 3, 4, 5)
     w, b = (rnd(4, 5), rnd(4, 5)) if affine else (None, None)
-    run(lambda x, w, b: F.layer_norm(x, (4, 5), w, b, eps=1e-3), rnd(*shape), w, b)
-    run(lambda x, w, b: torch.ops.aten.native_layer_norm(x, [5], w, b, 1e-5),
-        rnd(*shape), rnd(5) if affine else None, rnd(5) if affine else None)
-    run(lambda x: F.layer_norm(x, (5,)), rnd(5, 3).t())  # non-contiguous
-    run(lambda x: F.layer_norm(x, (6,)), rnd(2, 6, dtype=torch.bfloat16))
+    check(lambda x, w, b: F.layer_norm(x, (4, 5), w, b, eps=1e-3), rnd(*shape), w, b, grad=True)
+    check(lambda x, w, b: torch.ops.aten.native_layer_norm(x, [5], w, b, 1e-5),
+          rnd(*shape), rnd(5) if affine else None, rnd(5) if affine else None, grad=True)
+    check(lambda x: F.layer_norm(x, (5,)), rnd(5, 3).t(), grad=True)  # non-contiguous
+    check(lambda x: F.layer_norm(x, (6,)), rnd(2, 6, dtype=torch.bfloat16), grad=True, **LOW)
 
 
 @pytest.mark.parametrize("affine", [True, False])
 def test_group_norm(no_fallback, affine):
     w, b = (rnd(6), rnd(6)) if affine else (None, None)
-    run(lambda x, w, b: F.group_norm(x, 3, w, b), rnd(2, 6, 4, 3), w, b)
-    run(lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-3), rnd(3, 6), w, b)
-    run(lambda x: F.group_norm(x, 2), rnd(2, 4, 5, dtype=torch.bfloat16))
+    check(lambda x, w, b: F.group_norm(x, 3, w, b), rnd(2, 6, 4, 3), w, b, grad=True)
+    check(lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-3), rnd(3, 6), w, b, grad=True)
+    check(lambda x: F.group_norm(x, 2), rnd(2, 4, 5, dtype=torch.bfloat16), grad=True, **LOW)
 
 
 def test_rms_norm(no_fallback):
     A = torch.ops.aten
     x, w = rnd(2, 3, 4), rnd(4)
-    run(lambda x, w: A._fused_rms_norm(x, [4], w, 1e-6), x, w)
-    run(lambda x: A._fused_rms_norm(x, [3, 4], None, None), x)
-    run(lambda x: A._fused_rms_norm(x, [4], None, None), rnd(2, 4, dtype=torch.bfloat16))
+    check(lambda x, w: A._fused_rms_norm(x, [4], w, 1e-6), x, w, grad=True)
+    check(lambda x: A._fused_rms_norm(x, [3, 4], None, None), x, grad=True)
+    check(lambda x: A._fused_rms_norm(x, [4], None, None), rnd(2, 4, dtype=torch.bfloat16), **LOW)
     # _fused_rms_norm_backward has no CPU kernel: compare with autograd of the CPU composite
     g = rnd(2, 3, 4)
     cx, cw = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -333,14 +288,20 @@ def test_rms_norm(no_fallback):
     _, rstd = A._fused_rms_norm(tx, [4], tw, 1e-6)
     for mask in ([True, True], [False, True], [True, False]):
         t = A._fused_rms_norm_backward(g.to("tpu"), tx, [4], rstd, tw, mask)
-        for m, a, bb in zip(mask, ref, t):
-            assert (bb is None) == (not m)
-            if m:
-                torch.testing.assert_close(bb.cpu(), a, **F32)
+        assert_same(t, tuple(a if m else None for m, a in zip(mask, ref)), **F32)
     tx.requires_grad_()
     gt = torch.autograd.grad(A._fused_rms_norm(tx, [4], None, 1e-6)[0], tx, g.to("tpu"))[0]
     cx = x.clone().requires_grad_()
-    torch.testing.assert_close(gt.cpu(), torch.autograd.grad(F.rms_norm(cx, [4], None, 1e-6), cx, g)[0], **F32)
+    assert_same(gt, torch.autograd.grad(F.rms_norm(cx, [4], None, 1e-6), cx, g)[0], **F32)
+
+
+@pytest.mark.xfail(strict=True, reason="_fused_rms_norm of a bfloat16 tensor that requires grad: on tpu rstd "
+                   "comes out at bfloat16 precision, cast to float32 (grad_fn ToCopyBackward0; 0.8652 where CPU "
+                   "gives 0.8677 for [.5, -1, 2, .25]), so the output and gradients miss CPU's by 2 bfloat16 ulps")
+def test_rms_norm_bfloat16_backward(no_fallback):
+    # (test_rms_norm's old run() helper checked this on 2x4, where its cotangent happened to pass)
+    check(lambda x: torch.ops.aten._fused_rms_norm(x, [4], None, None), rnd(64, 4, dtype=torch.bfloat16),
+          grad=True, **LOW)
 
 
 def test_rms_norm_module():
@@ -348,7 +309,7 @@ def test_rms_norm_module():
     m_c = nn.RMSNorm(4)
     m_t = nn.RMSNorm(4).to("tpu")
     x = rnd(2, 3, 4)
-    torch.testing.assert_close(m_t(x.to("tpu")).cpu(), m_c(x), **F32)
+    assert_same(m_t(x.to("tpu")), m_c(x), **F32)
 
 
 # --- upsampling ------------------------------------------------------------------------
@@ -365,19 +326,19 @@ def test_rms_norm_module():
     dict(size=(6, 3), mode="bicubic", align_corners=True),
 ])
 def test_interpolate2d(no_fallback, kw):
-    run(lambda x: F.interpolate(x, **kw), rnd(2, 3, 4, 5))
+    check(lambda x: F.interpolate(x, **kw), rnd(2, 3, 4, 5), grad=True)
 
 
 def test_interpolate_1d_3d_and_ints(no_fallback):
-    run(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"), rnd(2, 3, 4))
-    run(lambda x: F.interpolate(x, size=7, mode="nearest"), rnd(2, 3, 4))
-    run(lambda x: F.interpolate(x, size=(3, 5, 4), mode="trilinear", align_corners=True), rnd(1, 2, 2, 3, 4))
-    run(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), rnd(1, 2, 2, 3, 2))
+    check(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"), rnd(2, 3, 4), grad=True)
+    check(lambda x: F.interpolate(x, size=7, mode="nearest"), rnd(2, 3, 4), grad=True)
+    check(lambda x: F.interpolate(x, size=(3, 5, 4), mode="trilinear", align_corners=True), rnd(1, 2, 2, 3, 4), grad=True)
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), rnd(1, 2, 2, 3, 2), grad=True)
     img = torch.randint(0, 255, (1, 3, 9, 9), dtype=torch.uint8)
-    run(lambda x: F.interpolate(x, scale_factor=3, mode="nearest"), img, grad=False)
+    check(lambda x: F.interpolate(x, scale_factor=3, mode="nearest"), img)
     # uint8 bilinear/bicubic: PyTorch uses fixed-point weights, so allow off-by-one rounding
     for mode in ("bilinear", "bicubic"):
-        run(lambda x: F.interpolate(x, scale_factor=1.7, mode=mode), img, grad=False, tol=dict(atol=1, rtol=0))
+        check(lambda x: F.interpolate(x, scale_factor=1.7, mode=mode), img, atol=1, rtol=0)
 
 
 # --- modules: a small CNN trains with no CPU fallback from this family ------------------------
@@ -413,13 +374,17 @@ def test_module_training_grads():
     x = rnd(2, 3, 8, 8)
     torchtpu.reset_metrics()
     yc, yt = net_c(x), net_t(x.to("tpu"))
-    torch.testing.assert_close(yt.cpu(), yc, **F32)
+    assert_same(yt, yc, **F32)
     cot = rnd(*yc.shape)
     gc = torch.autograd.grad(yc, list(net_c.parameters()), cot)
     gt = torch.autograd.grad(yt, list(net_t.parameters()), cot.to("tpu"))
     for (name, _), a, b in zip(net_c.named_parameters(), gc, gt):
-        torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-3, msg=name)
+        try:
+            assert_same(b, a, atol=1e-3, rtol=1e-3)
+        except AssertionError as e:
+            e.add_note(name)
+            raise
     for name in ("bn.running_mean", "bn.running_var"):
-        torch.testing.assert_close(net_t.state_dict()[name].cpu(), net_c.state_dict()[name], **F32)
+        assert_same(net_t.state_dict()[name], net_c.state_dict()[name], **F32)
     mine = [op for op in torchtpu.metrics()["fallback_ops"] if any(f in op for f in _FAMILY)]
     assert mine == []

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import conftest
 import torchtpu
 from torchtpu.validate.samples import sample_inputs
-from conftest import to_cpu, to_tpu
+from conftest import assert_same, to_tpu
 
 pytestmark = [pytest.mark.usefixtures("no_fallback"), conftest.IN_EVERY_MODE]  # (conftest: modes)
 
@@ -119,7 +119,7 @@ def test_opinfo(name, dtype, n):
         except Exception:
             continue
         tpu = op.op(to_tpu(s.input), *to_tpu(s.args), **to_tpu(s.kwargs))
-        torch.testing.assert_close(to_cpu(tpu), cpu, equal_nan=True)
+        assert_same(tpu, cpu, equal_nan=True)
         done += 1
 
 
@@ -495,12 +495,7 @@ def test_inplace_elu_negative_alpha_backward_raises(mode, fn):
             b = fn(a.clone(), alpha=-2)
             with pytest.raises(RuntimeError, match="call out-of-place version"):
                 b.backward(torch.ones(2, device=dev))
-    grads = []
-    for dev in ("cpu", "tpu"):
-        a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
-        fn(a.clone(), alpha=2).backward(torch.ones(2, device=dev))
-        grads.append(a.grad.cpu())
-    torch.testing.assert_close(grads[1], grads[0])
+    conftest.check(lambda a: fn(a.clone(), alpha=2), torch.tensor([-1.0, 1.0]), grad=True)
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
@@ -518,7 +513,7 @@ def test_heaviside_polar_mixed_dtypes_raise_as_on_cpu(mode):
                 call(i, v, torch.empty_like(i))
             with pytest.raises(RuntimeError, match=str(want.value).splitlines()[0][:40]):
                 call(to_tpu(i), to_tpu(v), torch.empty_like(to_tpu(i)))
-        torch.testing.assert_close(torch.heaviside(to_tpu(i), to_tpu(i)).cpu(), torch.heaviside(i, i))
+        assert_same(torch.heaviside(to_tpu(i), to_tpu(i)), torch.heaviside(i, i))
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
@@ -538,4 +533,4 @@ def test_add_sub_alpha_checks_as_on_cpu(mode):
                         with pytest.raises(RuntimeError, match=str(err)[:40]):
                             op(to_tpu(x), to_tpu(x), alpha=alpha)
                         continue
-                    torch.testing.assert_close(op(to_tpu(x), to_tpu(x), alpha=alpha).cpu(), want)
+                    assert_same(op(to_tpu(x), to_tpu(x), alpha=alpha), want)

@@ -13,7 +13,7 @@ import torch
 
 import conftest
 import torchtpu
-from conftest import check
+from conftest import assert_same, check, inplace
 from conftest import to_tpu as tpu
 
 pytestmark = conftest.IN_EVERY_MODE  # strict here; defer_and_fuse and compile in the slow tier
@@ -220,8 +220,8 @@ def test_poisson(own_ops_native, dtype):
     assert x.dtype == dtype and x.shape == rate.shape
     xc = x.cpu().double()
     assert torch.equal(xc, xc.round()) and xc.min() >= 0 and (xc[:, 0] == 0).all()
-    torch.testing.assert_close(xc.mean(0), rate[0].double(), atol=0.1, rtol=0.03)
-    torch.testing.assert_close(xc.var(0), rate[0].double(), atol=0.1, rtol=0.06)
+    assert_same(xc.mean(0), rate[0].double(), atol=0.1, rtol=0.03, device="cpu")
+    assert_same(xc.var(0), rate[0].double(), atol=0.1, rtol=0.06, device="cpu")
     with pytest.raises(RuntimeError, match="invalid Poisson rate"):
         torch.poisson(tpu(torch.tensor([1.0, -1.0]))).cpu()
 
@@ -280,9 +280,9 @@ def test_native_dropout(own_ops_native, dtype):
     assert out.dtype == dtype and mask.dtype == torch.bool and out.shape == x.shape
     oc, mc, xc = out.cpu(), mask.cpu(), x.cpu()
     assert abs(mc.float().mean() - 0.75) < 0.05
-    torch.testing.assert_close(oc, (xc * mc * (1 / 0.75)).to(dtype))
+    assert_same(out, (xc * mc * (1 / 0.75)).to(dtype))
     g = torch.ops.aten.native_dropout_backward(torch.ones_like(x), mask, 1 / 0.75)
-    torch.testing.assert_close(g.cpu(), torch.ops.aten.native_dropout_backward(torch.ones_like(xc), mc, 1 / 0.75))
+    assert_same(g, torch.ops.aten.native_dropout_backward(torch.ones_like(xc), mc, 1 / 0.75))
     o2, m2 = torch.ops.aten.native_dropout(x, 0.25, False)
     assert torch.equal(o2.cpu(), xc) and m2.cpu().all()
     o3, _ = torch.ops.aten.native_dropout(x, 1.0, True)
@@ -298,8 +298,8 @@ def test_nn_dropout_train_eval_backward(own_ops_native):
     yc, gc = y.detach().cpu(), gx.cpu()
     kept = yc != 0
     assert 0.4 < kept.float().mean() < 0.6
-    torch.testing.assert_close(yc[kept], x.detach().cpu()[kept] * 2)
-    torch.testing.assert_close(gc, kept.float() * 2)
+    assert_same(yc[kept], x.detach().cpu()[kept] * 2, device="cpu")
+    assert_same(gx, kept.float() * 2)
     drop.eval()
     assert torch.equal(drop(x).detach().cpu(), x.detach().cpu())
 
@@ -327,15 +327,6 @@ def _lists(dtype=torch.float32, positive=False, seed=0):
     return out
 
 
-def check_inplace(fn, self_list, *args, atol=None, rtol=None):
-    """fn mutates its first list; compare the mutated tpu list with the mutated cpu one."""
-    c = [t.clone() for t in self_list]
-    fn(c, *args)
-    d = tpu([t.clone() for t in self_list])
-    fn(d, *tpu(args))
-    conftest.assert_same(d, c, atol=atol, rtol=rtol)
-
-
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max"]
 
 
@@ -347,15 +338,15 @@ def test_foreach_binary(own_ops_native, op):
     check(f, a, b)
     check(f, a, 0.5)
     check(f, a, [0.5, -2.0, 3])
-    check_inplace(f_, a, b)
-    check_inplace(f_, a, 2.5)
-    check_inplace(f_, a, [1.5, 2, -0.25])
+    check(inplace(f_), [t.clone() for t in a], b)
+    check(inplace(f_), [t.clone() for t in a], 2.5)
+    check(inplace(f_), [t.clone() for t in a], [1.5, 2, -0.25])
     if op in ("add", "mul", "div"):
         check(f, a, torch.tensor(1.5))  # 0-d tensor (on the device)
-        check_inplace(f_, a, torch.tensor(-2.0))
+        check(inplace(f_), [t.clone() for t in a], torch.tensor(-2.0))
     if op in ("add", "sub"):
         check(lambda x, y: f(x, y, alpha=0.5), a, b)
-        check_inplace(lambda x, y: f_(x, y, alpha=-2), a, b)
+        check(inplace(lambda x, y: f_(x, y, alpha=-2)), [t.clone() for t in a], b)
 
 
 def test_foreach_binary_dtypes(own_ops_native):
@@ -371,7 +362,7 @@ def test_foreach_binary_dtypes(own_ops_native):
     check(torch._foreach_add, halves, torch.tensor(1.0, dtype=torch.float64))  # 0-d: no promotion
     mixed = [torch.ones(2), torch.ones(3, dtype=torch.float64), torch.ones(2, dtype=torch.float16)]
     check(torch._foreach_mul, mixed, 3.0)
-    check_inplace(torch._foreach_add_, ints, 3)
+    check(inplace(torch._foreach_add_), [t.clone() for t in ints], 3)
     with pytest.raises(RuntimeError):
         torch._foreach_add_(tpu(ints), 1.5)
 
@@ -386,7 +377,7 @@ def test_foreach_noncontiguous_and_views(own_ops_native):
     torch._foreach_mul_([dbase[::2], dbase[1::2, ::3]], 2.0)
     cb = base.clone()
     torch._foreach_mul_([cb[::2], cb[1::2, ::3]], 2.0)
-    torch.testing.assert_close(dbase.cpu(), cb)
+    assert_same(dbase, cb)
 
 
 def test_foreach_empty_tensors(own_ops_native):
@@ -407,14 +398,13 @@ def test_foreach_addc(own_ops_native, op):
     check(lambda a, b, c: f(a, b, c, torch.tensor([0.5, 2.0, -1.0])), s, t1, t2)  # a CPU scalars tensor
     with pytest.raises(RuntimeError, match="Expected scalars to be on CPU, got tpu:0 instead"):
         f(tpu(s), tpu(t1), tpu(t2), tpu(torch.tensor([0.5, 2.0, -1.0])))  # as CUDA refuses a device one
-    check_inplace(f_, s, t1, t2, 0.25)
-    check_inplace(f_, s, t1, t2, [0.5, 2.0, -1.0])
+    check(inplace(f_), [t.clone() for t in s], t1, t2, 0.25)
+    check(inplace(f_), [t.clone() for t in s], t1, t2, [0.5, 2.0, -1.0])
     c = [x.clone() for x in s]
     f_(c, t1, t2, torch.tensor([0.5, 2.0, -1.0]))
     d = tpu([x.clone() for x in s])
     f_(d, tpu(t1), tpu(t2), torch.tensor([0.5, 2.0, -1.0]))
-    for x, y in zip(d, c):
-        torch.testing.assert_close(x.cpu(), y)
+    assert_same(d, c)
     h = [_lists(torch.float16, seed=i) for i in range(3)]
     check(f, h[0], h[1], [x.abs() + 1 for x in h[2]], 0.3)
 
@@ -426,8 +416,8 @@ def test_foreach_lerp(own_ops_native):
     check(torch._foreach_lerp, s, e, 0.3)
     check(torch._foreach_lerp, s, e, 0.8)
     check(torch._foreach_lerp, s, e, [0.1, 0.6, 1.5])
-    check_inplace(torch._foreach_lerp_, s, e, 0.1)
-    check_inplace(torch._foreach_lerp_, s, e, w)
+    check(inplace(torch._foreach_lerp_), [t.clone() for t in s], e, 0.1)
+    check(inplace(torch._foreach_lerp_), [t.clone() for t in s], e, w)
 
 
 def test_foreach_pow(own_ops_native):
@@ -437,7 +427,7 @@ def test_foreach_pow(own_ops_native):
     check(torch._foreach_pow, a, 0.5)
     check(torch._foreach_pow, a, [2, 0.5, -1.0])
     check(torch._foreach_pow, 2.0, e)
-    check_inplace(torch._foreach_pow_, a, 3)
+    check(inplace(torch._foreach_pow_), [t.clone() for t in a], 3)
     ints = [torch.tensor([1, 2, 3]), torch.tensor([[-2, 0]])]
     check(torch._foreach_pow, ints, 3)
     ints = [torch.tensor([1, 2, 3]), torch.tensor([[4, 0]])]
@@ -463,7 +453,7 @@ def test_foreach_unary(own_ops_native, op):
     if op == "log1p":
         a = [t.abs() for t in a]
     check(f, a)
-    check_inplace(f_, a)
+    check(inplace(f_), [t.clone() for t in a])
 
 
 def test_foreach_unary_dtypes(own_ops_native):
@@ -495,10 +485,10 @@ def test_foreach_norm_dtypes_and_max(own_ops_native):
 
 def test_foreach_zero_copy_clone(own_ops_native):
     a = _lists(seed=10)
-    check_inplace(torch._foreach_zero_, a)
+    check(inplace(torch._foreach_zero_), [t.clone() for t in a])
     dst = [torch.zeros(2, 3), torch.zeros(4, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.float16)]
     src = [torch.randn(2, 3), torch.tensor([1.7, -2.2, 3.9, 0.1]), torch.randn(2)]  # cast + broadcast
-    check_inplace(torch._foreach_copy_, dst, src)
+    check(inplace(torch._foreach_copy_), [t.clone() for t in dst], src)
     check(torch._foreach_clone if hasattr(torch, "_foreach_clone") else
           torch.ops.aten._foreach_clone, a)
     check(torch.ops.aten._foreach_mm, [torch.randn(2, 3), torch.randn(1, 4)], [torch.randn(3, 2), torch.randn(4, 5)])
@@ -520,8 +510,8 @@ def _train(opt_cls, steps=3, clip=None, tpu_kw=None, **kw):
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
             o.step()
-    for p, dp in zip(model.parameters(), dmodel.parameters()):
-        torch.testing.assert_close(dp.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
+    assert_same([p.detach() for p in dmodel.parameters()], [p.detach() for p in model.parameters()],
+                atol=1e-5, rtol=1e-5)
     return dopt
 
 
@@ -594,9 +584,7 @@ def test_fused_adam_grad_scale_found_inf(own_ops_native, inf):
                             found_inf=torch.tensor(inf, device=dev))
         return ts[:4]
 
-    for got, exp in zip(run("tpu"), run("cpu")):
-        for g, e in zip(got, exp):
-            torch.testing.assert_close(g.cpu(), e)
+    assert_same(run("tpu"), run("cpu"))
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
@@ -607,7 +595,7 @@ def test_native_dropout_backward_dtypes(own_ops_native, dtype):
     e = torch.ops.aten.native_dropout_backward(g, m, 2.5)
     a = torch.ops.aten.native_dropout_backward(g.to("tpu"), m.to("tpu"), 2.5)
     assert a.dtype == e.dtype
-    torch.testing.assert_close(a.cpu(), e)
+    assert_same(a, e)
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])

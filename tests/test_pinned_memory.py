@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.runtime import pinned
 
 
@@ -30,14 +31,14 @@ def test_pin_memory(dtype):
     assert p.is_pinned() and p[1].is_pinned() and p.t().is_pinned()
     assert p.data_ptr() != x.data_ptr()
     assert p.dtype == x.dtype and p.stride() == x.stride()
-    torch.testing.assert_close(p, x, rtol=0, atol=0)
+    assert_same(p, x, rtol=0, atol=0, device="cpu")
     assert p.pin_memory() is p  # already pinned: the same tensor, as on CUDA
     pt = x.t().pin_memory()  # a permuted dense layout keeps its strides
     assert pt.stride() == x.t().stride() and pt.is_pinned()
-    torch.testing.assert_close(pt, x.t(), rtol=0, atol=0)
+    assert_same(pt, x.t(), rtol=0, atol=0, device="cpu")
     ps = x[:, ::2].pin_memory()  # not dense: packed contiguous
     assert ps.is_contiguous() and ps.is_pinned()
-    torch.testing.assert_close(ps, x[:, ::2], rtol=0, atol=0)
+    assert_same(ps, x[:, ::2], rtol=0, atol=0, device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # pin_memory(device) is deprecated in torch
         assert x.pin_memory("tpu").is_pinned()
@@ -80,16 +81,16 @@ def test_non_blocking_copies_both_ways(mode):
     torch.tpu.synchronize()
     assert back.is_pinned() and plain.is_pinned()  # CUDA's non-blocking device->host result is pinned
     assert back.device.type == "cpu" and back.dtype == cpu.dtype and back.stride() == cpu.stride()
-    torch.testing.assert_close(back, cpu, rtol=0, atol=0)
-    torch.testing.assert_close(plain, (x * 2).t(), rtol=0, atol=0)
+    assert_same(back, cpu, rtol=0, atol=0, device="cpu")
+    assert_same(plain, (x * 2).t(), rtol=0, atol=0, device="cpu")
     blocking = y.to("cpu")
     assert not blocking.is_pinned()
-    torch.testing.assert_close(blocking, (x * 2).t(), rtol=0, atol=0)
+    assert_same(blocking, (x * 2).t(), rtol=0, atol=0, device="cpu")
     # the copy_ spelling
     dst = torch.empty(5, 4).pin_memory()
     dst.copy_(y, non_blocking=True)
     torch.tpu.synchronize()
-    torch.testing.assert_close(dst, (x * 2).t(), rtol=0, atol=0)
+    assert_same(dst, (x * 2).t(), rtol=0, atol=0, device="cpu")
 
 
 @pytest.mark.parametrize("pin_memory_device", ["", "tpu"])
@@ -106,10 +107,10 @@ def test_dataloader_pin_memory(mode, pin_memory_device):
     cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     for (xb, yb), (xp, yp) in zip(batches, plain):
         assert xb.is_pinned() and yb.is_pinned() and not xp.is_pinned()
-        torch.testing.assert_close(xb, xp, rtol=0, atol=0)
-        torch.testing.assert_close(yb, yp, rtol=0, atol=0)
+        assert_same(xb, xp, rtol=0, atol=0, device="cpu")
+        assert_same(yb, yp, rtol=0, atol=0, device="cpu")
         out = model(xb.to("tpu", non_blocking=True))
-        torch.testing.assert_close(out.cpu(), cpu_model(xp), rtol=1e-5, atol=1e-6)
+        assert_same(out, cpu_model(xp), rtol=1e-5, atol=1e-6)
 
 
 _SYNCS = ["synchronize", "stream", "plain_stream", "event", "accelerator", "host_read", "save"]
@@ -150,16 +151,16 @@ def test_non_blocking_copy_lands_by_any_synchronization(mode, sync, tmp_path):
     rows = torch.zeros(4, 256).pin_memory()
     rows[1:3].copy_((t + 5)[:2], non_blocking=True)  # a contiguous view inside a pinned block
     _synchronize(sync, t, tmp_path)
-    torch.testing.assert_close(into, x @ x - 2, rtol=1e-5, atol=1e-5)
+    assert_same(into, x @ x - 2, rtol=1e-5, atol=1e-5, device="cpu")
     want_rows = torch.zeros(4, 256)
     want_rows[1:3] = (x + 5)[:2]
-    torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)
+    assert_same(rows, want_rows, rtol=0, atol=0, device="cpu")
     assert out.is_pinned() and half.is_pinned() and flipped.is_pinned()
-    torch.testing.assert_close(out, x @ x @ x * 2, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(half, (x * 3)[::2].to(torch.bfloat16), rtol=0, atol=0)
+    assert_same(out, x @ x @ x * 2, rtol=1e-5, atol=1e-5, device="cpu")
+    assert_same(half, (x * 3)[::2].to(torch.bfloat16), rtol=0, atol=0, device="cpu")
     want = (x - 1).t().to("cpu", torch.float64)
     assert flipped.dtype == want.dtype and flipped.stride() == want.stride()
-    torch.testing.assert_close(flipped, want, rtol=0, atol=0)
+    assert_same(flipped, want, rtol=0, atol=0, device="cpu")
 
 
 def _slow_product(n=900):
@@ -205,7 +206,7 @@ def test_non_blocking_copy_returns_before_the_value_lands(mode, sync, tmp_path):
     _synchronize(sync, d, tmp_path)
     from torchtpu.runtime import inflight
     assert torch.tpu.current_stream().query(), [(type(b), getattr(b, "shape", None)) for b in inflight.pending()]
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    assert_same(out, want, rtol=1e-4, atol=1e-5, device="cpu")
 
 
 @pytest.mark.parametrize("read", ["synchronize", "to_device", "copy_to_device"])
@@ -228,9 +229,9 @@ def test_non_blocking_copy_into_pinned_returns_before_the_value_lands(mode, read
         got = torch.empty(a.shape, device="tpu")
         got.copy_(dst, non_blocking=True)
         got = got.cpu()
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_same(got, want, rtol=1e-4, atol=1e-5, device="cpu")
     torch.tpu.synchronize()
-    torch.testing.assert_close(dst, want, rtol=1e-4, atol=1e-5)
+    assert_same(dst, want, rtol=1e-4, atol=1e-5, device="cpu")
 
 
 def test_non_blocking_copy_into_other_host_memory_blocks(mode):
@@ -241,20 +242,20 @@ def test_non_blocking_copy_into_other_host_memory_blocks(mode):
     t = x.to("tpu")
     pageable = torch.empty(6, 8)
     pageable.copy_(t * 2, non_blocking=True)
-    torch.testing.assert_close(pageable, x * 2, rtol=0, atol=0)
+    assert_same(pageable, x * 2, rtol=0, atol=0, device="cpu")
     cast = torch.empty(6, 8, dtype=torch.float64).pin_memory()
     cast.copy_(t - 1, non_blocking=True)
-    torch.testing.assert_close(cast, (x - 1).double(), rtol=0, atol=0)
+    assert_same(cast, (x - 1).double(), rtol=0, atol=0, device="cpu")
     strided = torch.empty(8, 6).pin_memory().t()
     strided.copy_(t + 3, non_blocking=True)
-    torch.testing.assert_close(strided, x + 3, rtol=0, atol=0)
+    assert_same(strided, x + 3, rtol=0, atol=0, device="cpu")
     broadcast = torch.empty(6, 8).pin_memory()
     broadcast.copy_(t[0], non_blocking=True)
-    torch.testing.assert_close(broadcast, x[0].expand(6, 8), rtol=0, atol=0)
+    assert_same(broadcast, x[0].expand(6, 8), rtol=0, atol=0, device="cpu")
     half = torch.empty(6, 8, dtype=torch.bfloat16).pin_memory()
     half.copy_(t.bfloat16(), non_blocking=True)  # same dtype, a bitcast numpy view
     torch.tpu.synchronize()
-    torch.testing.assert_close(half, x.bfloat16(), rtol=0, atol=0)
+    assert_same(half, x.bfloat16(), rtol=0, atol=0, device="cpu")
 
 
 def test_non_blocking_copies_under_gc_stress(mode):
@@ -293,7 +294,7 @@ def test_non_blocking_copies_under_gc_stress(mode):
     torch.tpu.synchronize()
     for i, (x, out) in enumerate(kept):
         assert out.is_pinned()
-        torch.testing.assert_close(out, x.t() @ x + i, rtol=1e-5, atol=1e-5)
+        assert_same(out, x.t() @ x + i, rtol=1e-5, atol=1e-5, device="cpu")
 
 
 def _frame_holding(t, i):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
+from conftest import assert_same
 
 VIEWS = {
     "view": lambda x: x.view(-1),
@@ -62,8 +63,8 @@ def test_write_through_view(name, write, no_fallback):
     assert tv.device.type == "tpu"
     assert tv.shape == cv.shape and tv.stride() == cv.stride()
     assert tv.storage_offset() == cv.storage_offset()
-    torch.testing.assert_close(tb.cpu(), cb, equal_nan=True)
-    torch.testing.assert_close(tv.cpu(), cv)
+    assert_same(tb, cb, equal_nan=True)
+    assert_same(tv, cv)
 
 
 def test_views_share_storage():
@@ -78,7 +79,7 @@ def test_transpose_column_fill():
     x.t()[1].fill_(-1)
     expected = torch.zeros(3, 4)
     expected[:, 1] = -1
-    torch.testing.assert_close(x.cpu(), expected)
+    assert_same(x, expected)
 
 
 def test_strided_slice_iadd():
@@ -86,7 +87,7 @@ def test_strided_slice_iadd():
     b = a.to("tpu")
     a[::2] += 1
     b[::2] += 1
-    torch.testing.assert_close(b.cpu(), a)
+    assert_same(b, a)
 
 
 def test_flat_view_add():
@@ -94,14 +95,14 @@ def test_flat_view_add():
     y = x.to("tpu")
     x.view(-1).add_(1)
     y.view(-1).add_(1)
-    torch.testing.assert_close(y.cpu(), x)
+    assert_same(y, x)
 
 
 def test_base_write_visible_in_view():
     x = torch.zeros(4, 4, device="tpu")
     d = x.diagonal()
     x.fill_(2)
-    torch.testing.assert_close(d.cpu(), torch.full((4,), 2.0))
+    assert_same(d, torch.full((4,), 2.0))
 
 
 def test_read_noncontiguous_views():
@@ -109,7 +110,7 @@ def test_read_noncontiguous_views():
     t = x.to("tpu")
     for f in (lambda z: z.t(), lambda z: z[1::2, ::3], lambda z: z[:, None, 2].expand(5, 3),
               lambda z: z.as_strided((3, 3), (1, 7), 2)):
-        torch.testing.assert_close(f(t).cpu(), f(x))
+        assert_same(f(t), f(x))
 
 
 @pytest.mark.parametrize("name", ["squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_"])
@@ -135,8 +136,8 @@ def test_inplace_geometry_ops(name, no_fallback):
     cb, cx = program("cpu")
     tb, tx = program("tpu")
     assert tx.shape == cx.shape and tx.stride() == cx.stride()
-    torch.testing.assert_close(tx.cpu(), cx)
-    torch.testing.assert_close(tb.cpu(), cb)
+    assert_same(tx, cx)
+    assert_same(tb, cb)
 
 
 def _random_views(n=60, seed=0):
@@ -160,8 +161,8 @@ def test_random_strided_read_write(geom, no_fallback):
     sizes, strides, offset = geom
     base_c = torch.arange(60.0)
     base_t = base_c.to("tpu")
-    torch.testing.assert_close(base_t.as_strided(sizes, strides, offset).cpu(),
-                               base_c.as_strided(sizes, strides, offset))
+    assert_same(base_t.as_strided(sizes, strides, offset),
+                base_c.as_strided(sizes, strides, offset))
     touched = base_c.as_strided(sizes, strides, offset).reshape(-1).tolist()
     overlapping = len(set(touched)) != len(touched)  # writes there have no defined order
     if not overlapping:
@@ -170,7 +171,7 @@ def test_random_strided_read_write(geom, no_fallback):
         vt = base_t.as_strided(sizes, strides, offset)
         vc.copy_(val)
         vt.copy_(val.to("tpu"))
-        torch.testing.assert_close(base_t.cpu(), base_c)
+        assert_same(base_t, base_c)
 
 
 _VIEW_SOURCES = {
@@ -211,7 +212,11 @@ def test_fast_view_geometry_matches_cpu(src):
         rt = op(t)
         for a, b in zip(rc if isinstance(rc, tuple) else [rc], rt if isinstance(rt, tuple) else [rt]):
             assert (a.shape, a.stride(), a.storage_offset()) == (b.shape, b.stride(), b.storage_offset()), name
-            torch.testing.assert_close(b.cpu(), a, msg=name)
+            try:
+                assert_same(b, a)
+            except AssertionError as e:
+                e.add_note(name)
+                raise
 
 
 @pytest.mark.parametrize("op", [
@@ -237,8 +242,8 @@ def test_views_of_conj_and_neg_keep_their_bits(view):
     }[view]
     z = torch.randn(2, 3, dtype=torch.complex64)
     zt = z.to("tpu")
-    torch.testing.assert_close(f(zt.conj()).cpu(), f(z.conj()))
-    torch.testing.assert_close(f(torch.ops.aten._neg_view(zt)).cpu(), f(torch.ops.aten._neg_view(z)))
+    assert_same(f(zt.conj()), f(z.conj()))
+    assert_same(f(torch.ops.aten._neg_view(zt)), f(torch.ops.aten._neg_view(z)))
 
 
 def test_partial_writes_into_big_storages_are_in_place_and_never_corrupt_aliases():
@@ -254,14 +259,14 @@ def test_partial_writes_into_big_storages_are_in_place_and_never_corrupt_aliases
         assert torchtpu.metrics().get("donated_writes", 0) >= 1
     want = torch.zeros(n)
     want[:4096] = torch.arange(1024.0).repeat(4)
-    torch.testing.assert_close(big.cpu(), want)
+    assert_same(big, want)
     # a buffer another tensor still sees is never overwritten
     a = torch.randn(n, device="tpu")
     b = torch.empty(n, device="tpu")
     b.copy_(a)
     before = a.cpu()
     b[:10].fill_(0.0)
-    torch.testing.assert_close(a.cpu(), before)
+    assert_same(a, before)
     assert (b.cpu()[:10] == 0).all() and torch.equal(b.cpu()[10:], before[10:])
     held = big.detach()  # same storage: sees the write, as on the CPU
     big[5000:5002].fill_(7.0)
