@@ -127,7 +127,7 @@ def test_low_precision_forward(name, dtype, index):
             a_leaves, e_leaves = tree_flatten(actual)[0], tree_flatten(expected)[0]
             assert len(a_leaves) == len(e_leaves)
             for a, e in zip(a_leaves, e_leaves):
-                # the OpInfo's tolerance for a half result, assert_close's defaults for any other
+                # the OpInfo's tolerance for a half result, the dtype's default one for any other
                 half = isinstance(e, torch.Tensor) and e.dtype in _DEFAULT_TOL
                 assert_same(a, e, equal_nan=True, **({"rtol": rtol, "atol": atol} if half else {}))
         ran += 1
