@@ -48,11 +48,11 @@ def to_cpu(x):
 
 
 def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
-                device="tpu"):
+                device="tpu", msg=None):
     """`tpu` matches the CPU result `cpu`: the same structure; each tensor on tpu with CPU's
     shape, dtype (unless check_dtype=False), strides (if check_stride) and values (within
     atol/rtol, assert_close's defaults for the dtype when None; NaN equal to NaN only if
-    equal_nan); each non-tensor leaf equal.
+    equal_nan); each non-tensor leaf equal. `msg` (what is compared) heads a failure.
     atol may also be a function of the CPU tensor giving its absolute tolerance (atol_by_scale:
     one relative to the reference's magnitude). device="cpu": the result side is host memory
     the backend produced, so its tensors must be on the CPU instead (a tpu result copied back,
@@ -66,8 +66,10 @@ def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=
             continue
         if isinstance(w, torch.Tensor):
             assert isinstance(g, torch.Tensor) and g.device.type == device, f"not a {device} tensor: {g!r}"
+            # the result's own strides (its CPU copy is made dense)
+            assert not check_stride or g.stride() == w.stride(), f"strides: {device} {g.stride()} vs cpu {w.stride()}"
         torch.testing.assert_close(to_cpu(g), w, atol=atol(w) if callable(atol) else atol, rtol=rtol,
-                                   equal_nan=equal_nan, check_dtype=check_dtype, check_stride=check_stride)
+                                   equal_nan=equal_nan, check_dtype=check_dtype, msg=_headed(msg))
 
 
 # ---- the modes a test runs in ----------------------------------------------------------------
@@ -129,23 +131,34 @@ def in_mode(fn, mode=None):
 
 
 def check(fn, *args, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
-          both=False, grad=False, **kwargs):
+          both=False, grad=False, tpu_mode=None, raises=False, **kwargs):
     """Run `fn(*args, **kwargs)` on the CPU tensors given and on them moved to tpu (in the
     test's mode, see in_mode), and assert_same the results. With `grad`, also backward: every
     floating or complex input tensor (grad=True) or those of the positional arguments at the
     positions given (grad=(0, 2)) requires grad, each output that requires grad gets the same
-    random cotangent on both sides, and those inputs' gradients must match too. Returns the tpu
-    result, or (the tpu result on the CPU, the CPU result) with both=True."""
+    random cotangent on both sides, and those inputs' gradients must match too (strides as well
+    with check_stride). Returns the tpu result, or (the tpu result on the CPU, the CPU result)
+    with both=True.
+    tpu_mode: run the tpu side, forward and backward, in this mode rather than the op suite's
+    (for a test parametrized by mode; see _in_tpu_mode). raises: CPU raising is an outcome too,
+    the tpu side must then raise the same exception class with CPU's first message line (its
+    result read back, so a deferred error surfaces); returns the tpu exception."""
     tol = dict(atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype)
     targs, tkwargs = to_tpu((_detached(args), _detached(kwargs)))
     if grad:
         args, kwargs = _requiring_grad(args, kwargs, grad)
         targs, tkwargs = _requiring_grad(targs, tkwargs, grad)
-    cpu = fn(*args, **kwargs)
-    tpu = in_mode(fn)(*targs, **tkwargs)
-    assert_same(tpu, cpu, check_stride=check_stride, **tol)
-    if grad:
-        _check_grads(tpu, cpu, (targs, tkwargs), (args, kwargs), tol)
+    if raises:
+        cpu, error = _outcome_as_cpu(fn, args, kwargs, targs, tkwargs, tpu_mode)
+        if error is not None:
+            return error
+    else:
+        cpu = fn(*args, **kwargs)
+    with _in_tpu_mode(tpu_mode):
+        tpu = in_mode(fn, tpu_mode)(*targs, **tkwargs)
+        assert_same(tpu, cpu, check_stride=check_stride, **tol)
+        if grad:
+            _check_grads(tpu, cpu, (targs, tkwargs), (args, kwargs), dict(tol, check_stride=check_stride))
     return (to_cpu(tpu), cpu) if both else tpu
 
 
@@ -227,3 +240,89 @@ def inplace(fn):
         return self
 
     return returning_self
+# ---- added for group B ----
+#
+# Comparisons that are not "a tpu result against CPU's" (assert_values), bit-for-bit ones
+# (assert_bits), and what check's tpu_mode= and raises= use.
+
+
+def assert_values(got, want, *, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
+                  msg=None):
+    """`got` matches `want` as assert_same compares (structure, then each tensor's shape, dtype,
+    strides if check_stride, values within atol/rtol; each other leaf equal), where neither side
+    need be on tpu: tpu tensors on either side are read back first. For the comparisons that are
+    not a tpu result against a CPU reference: two tpu results (one mode against another, before
+    and after a state restore), a CPU round trip (save/load), values from a subprocess or a
+    distributed job, a result against literal values. A tpu result against a CPU computation
+    is assert_same, which also asserts the result is on tpu."""
+    head = f"{msg}: " if msg else ""
+    got, got_spec = tree_flatten(got)
+    want, want_spec = tree_flatten(want)
+    assert got_spec == want_spec, f"{head}structure: {got_spec} vs {want_spec}"
+    for g, w in zip(got, want):
+        if not isinstance(w, (torch.Tensor, int, float, complex)):  # None, str, dtype, ...
+            assert g == w, f"{head}{g!r} vs {w!r}"
+            continue
+        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and check_stride:
+            assert g.stride() == w.stride(), f"{head}strides: {g.stride()} vs {w.stride()}"  # before a read back
+        torch.testing.assert_close(to_cpu(g), to_cpu(w), atol=atol, rtol=rtol, equal_nan=equal_nan,
+                                   check_dtype=check_dtype, msg=_headed(msg))
+
+
+def _headed(msg):
+    """assert_close's msg: its own message headed by `msg` (None: its own message only)."""
+    return None if msg is None else (lambda m: f"{msg}: {m}")
+
+
+def _bits(t):
+    """A tensor as comparable bits: every floating or complex dtype viewed as the integer of its
+    size (float8/float4 as uint8, complex32 as int32, complex128 as its two parts' int64s), so
+    NaN payloads, -0 and every rounding count; other dtypes as they are."""
+    if t.dtype == torch.complex128:  # no 16-byte integer: both parts' bits
+        t = torch.view_as_real(t)
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.dtype.itemsize])
+    return t
+
+
+def assert_bits(got, want, msg=None):
+    """`got` is `want` bit for bit: the same dtype and shape and the same bits in every element
+    (see _bits), on any device (tpu tensors read back)."""
+    got, want = to_cpu(got), to_cpu(want)
+    head = f"{msg}: " if msg else ""
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{head}got {got.dtype} {tuple(got.shape)}, want {want.dtype} {tuple(want.shape)}"
+    g, w = _bits(got), _bits(want)
+    if not torch.equal(g, w):
+        bad = (g != w).nonzero().flatten()[:5]
+        raise AssertionError(f"{head}{(g != w).sum().item()} differ, e.g. at {bad.tolist()}: "
+                             f"got {g.flatten()[bad].tolist()} want {w.flatten()[bad].tolist()}")
+
+
+def _in_tpu_mode(mode):
+    """The eager mode check(tpu_mode=mode) runs the tpu side in: the mode's own, strict under
+    "compile" (in_mode compiles fn; the rest runs eagerly); None: the caller's."""
+    import contextlib
+    if mode is None:
+        return contextlib.nullcontext()
+    return torchtpu.eager_mode("strict" if mode == "compile" else mode)
+
+
+def _outcome_as_cpu(fn, args, kwargs, targs, tkwargs, mode):
+    """(CPU's result, None) if fn runs on CPU; else (None, the exception the tpu side raises),
+    which must be of the class CPU raised, with CPU's first message line in its message."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as e:  # noqa: BLE001  (the outcome compared: class and message)
+        want = e
+    try:
+        with _in_tpu_mode(mode):
+            to_cpu(in_mode(fn, mode)(*targs, **tkwargs))
+    except Exception as e:  # noqa: BLE001
+        got = e
+    else:
+        raise AssertionError(f"CPU raises {type(want).__name__}: {want}; tpu returned")
+    first = str(want).split("\n")[0]
+    assert type(got) is type(want) and first in str(got), \
+        f"CPU raises {type(want).__name__}: {first}; tpu {type(got).__name__}: {got}"
+    return None, got

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same, check
 
 F32 = dict(atol=1e-5, rtol=1e-4)
 LOW = dict(atol=2e-2, rtol=2e-2)
@@ -25,25 +26,17 @@ def _mask(kind, B, L, S, dtype):
 
 
 def _compare(B, H, L, S, E, *, Ev=None, Hk=None, dtype=torch.float32, mask=None, **kw):
-    """CPU vs tpu output and q/k/v gradients; returns the tpu executions forward+backward."""
+    """CPU vs tpu output and q/k/v gradients (conftest.check; the mask needs none); returns the
+    tpu executions forward+backward."""
     Hk = Hk or H
-    q = torch.randn(B, H, L, E).to(dtype).requires_grad_()
-    k = torch.randn(B, Hk, S, E).to(dtype).requires_grad_()
-    v = torch.randn(B, Hk, S, Ev or E).to(dtype).requires_grad_()
+    q = torch.randn(B, H, L, E).to(dtype)
+    k = torch.randn(B, Hk, S, E).to(dtype)
+    v = torch.randn(B, Hk, S, Ev or E).to(dtype)
     m = _mask(mask, B, L, S, dtype)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
-    cot = torch.randn(ref.shape).to(dtype)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), cot)
-    tq, tk, tv = (t.detach().to("tpu").requires_grad_() for t in (q, k, v))
-    torchtpu.reset_metrics()
-    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=None if m is None else m.to("tpu"), **kw)
-    grads = torch.autograd.grad(out, (tq, tk, tv), cot.to("tpu"))
-    torch.tpu.synchronize()
     tol = F32 if dtype == torch.float32 else LOW
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.cpu(), ref, **tol)
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g.cpu(), r, **tol)
+    torchtpu.reset_metrics()
+    check(F.scaled_dot_product_attention, q, k, v, attn_mask=m, grad=(0, 1, 2), **tol, **kw)
+    torch.tpu.synchronize()
     return _ops_run()
 
 
@@ -83,11 +76,8 @@ def test_sdpa_calls_the_fused_op_cannot_serve_take_the_composite(no_fallback, ca
     if case.pop("mask_grad", False):
         # a mask that needs a gradient: the fused pair has no mask gradient
         q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
-        m = torch.randn(1, 1, 4, 4, requires_grad=True)
-        F.scaled_dot_product_attention(q, k, v, attn_mask=m).sum().backward()
-        tm = m.detach().to("tpu").requires_grad_()
-        F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), attn_mask=tm).sum().backward()
-        torch.testing.assert_close(tm.grad.cpu(), m.grad, **F32)
+        check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v,
+              torch.randn(1, 1, 4, 4), grad=(3,), **F32)
         return
     assert _compare(2, 4, 8, 6, 16, **case) > 2
 
@@ -107,7 +97,7 @@ def test_sdpa_with_a_growing_kv_cache_compiles_one_attention_per_length(no_fallb
         k = torch.cat([k, torch.randn(1, 4, 1, 16).to("tpu")], dim=2)
         out = F.scaled_dot_product_attention(q, k, k)
     ref = F.scaled_dot_product_attention(q.cpu(), k.cpu(), k.cpu())
-    torch.testing.assert_close(out.cpu(), ref, **F32)
+    assert_same(out, ref, **F32)
     # per length: the cat and one attention (the math path compiled five ops per length)
     assert torchtpu.metrics()["compiles"] <= 2 * 6 + 1
 
@@ -119,7 +109,7 @@ def test_sdpa_is_fused_without_autograd_too(no_fallback, ctx):
     with ctx():
         torchtpu.reset_metrics()
         out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), k.to("tpu"), is_causal=True)
-        torch.testing.assert_close(out.cpu(), ref, **F32)
+        assert_same(out, ref, **F32)
         assert _ops_run() == 1
 
 
@@ -128,7 +118,7 @@ def test_sdpa_mask_dtypes_follow_pytorchs_rules():
     tq = q.to("tpu")
     m = torch.randn(8, 8)  # a float32 mask with a bf16 query: allowed (the composite)
     ref = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
-    torch.testing.assert_close(F.scaled_dot_product_attention(tq, tq, tq, attn_mask=m.to("tpu")).cpu(), ref, **LOW)
+    assert_same(F.scaled_dot_product_attention(tq, tq, tq, attn_mask=m.to("tpu")), ref, **LOW)
     for bad in (m.half(), m.long()):
         with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float"):
             F.scaled_dot_product_attention(tq, tq, tq, attn_mask=bad.to("tpu"))
@@ -150,4 +140,4 @@ def test_compiled_sdpa_is_one_op_and_keeps_a_narrower_value_head():
 
         torch._dynamo.reset()
         got = torch.compile(f, backend="tpu")(*(t.to("tpu") for t in (q, k, v, w)))
-        torch.testing.assert_close(got.cpu(), f(q, k, v, w), atol=1e-5, rtol=1e-5)
+        assert_same(got, f(q, k, v, w), atol=1e-5, rtol=1e-5)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same, assert_values
 from torchtpu.device import autocast as policy
 
 aten = torch.ops.aten
@@ -230,9 +231,7 @@ def test_policy_op_by_op(kind):
         for w, g in zip(_flat(want), _flat(got)):
             if not isinstance(w, torch.Tensor):
                 continue
-            assert g.device.type == "tpu", name
-            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-            torch.testing.assert_close(g.cpu(), w, atol=2e-2, rtol=2e-2, msg=name, equal_nan=True)
+            assert_same(g, w, atol=2e-2, rtol=2e-2, msg=name, equal_nan=True)
         checked += 1
     assert checked
 
@@ -289,9 +288,9 @@ def test_cache_enabled_gradients_match_cpu(cache):
     y_cpu, g_cpu = run(lin, x, "cpu")
     y_tpu, g_tpu = run(mt, x.to("tpu"), "tpu")
     assert y_tpu.dtype == y_cpu.dtype == BF16
-    torch.testing.assert_close(y_tpu.cpu(), y_cpu, atol=2e-2, rtol=2e-2)
+    assert_same(y_tpu, y_cpu, atol=2e-2, rtol=2e-2)
     assert g_tpu.dtype == torch.float32
-    torch.testing.assert_close(g_tpu.cpu(), g_cpu, atol=3e-2, rtol=3e-2)
+    assert_same(g_tpu, g_cpu, atol=3e-2, rtol=3e-2)
 
 
 def test_cache_sees_in_place_updates():
@@ -324,9 +323,7 @@ def test_eager_modes(mode):
     with torchtpu.eager_mode(mode):
         got = _forward(mt, x.to("tpu"))
         got[1].sum().backward()
-    for w, g in zip(want, got):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g.cpu(), w, atol=2e-2, rtol=2e-2)
+    assert_same(got, want, atol=2e-2, rtol=2e-2)
     assert all(p.grad.dtype == torch.float32 for p in mt.parameters())
 
 
@@ -344,9 +341,7 @@ def test_compiled_inside_and_around():
     with torch.autocast("tpu", dtype=BF16):
         around = compiled(mt, xt)
     for got in (inside, around):
-        for w, g in zip(want, got):
-            assert g.dtype == w.dtype
-            torch.testing.assert_close(g.cpu(), w, atol=2e-2, rtol=2e-2)
+        assert_same(got, want, atol=2e-2, rtol=2e-2)
 
 
 # --- a small GPT trained under autocast, against CPU autocast -------------------------------
@@ -395,12 +390,12 @@ def cpu_bf16_autocast_losses():
 def test_gpt_20_steps_bf16_autocast_matches_cpu(cpu_bf16_autocast_losses, mode, compiled):
     got = _gpt_losses("tpu", mode, compiled)
     want = cpu_bf16_autocast_losses
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-2, atol=0)
+    assert_values(got, want, rtol=2e-2, atol=0)  # the losses read back
     assert got[-1] < got[0]
 
 
 def test_gpt_bf16_weights_with_adamw_match_cpu():
     want = _gpt_losses("cpu", weights=BF16, steps=10)
     got = _gpt_losses("tpu", weights=BF16, steps=10)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-2, atol=0)
+    assert_values(got, want, rtol=2e-2, atol=0)
     assert got[-1] < got[0]

@@ -6,6 +6,7 @@ import torch
 from jax._src.interpreters import pxla
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.eager import executor
 from torchtpu.runtime import executables
 
@@ -60,7 +61,7 @@ def test_op_cache_is_an_lru_whose_evictions_release_code(bound):
     assert _live_jax_executables() <= 64 + 8
     # an evicted shape compiles again and computes the right thing
     x = torch.arange(3.0, device="tpu")
-    torch.testing.assert_close((x * 2).cpu(), torch.arange(3.0) * 2)
+    assert_same(x * 2, torch.arange(3.0) * 2)
     # the most recently used entries survive: a hot op is not evicted by a shape storm
     hot = torch.ones(5, device="tpu")
     (hot + 1).cpu()
@@ -81,11 +82,11 @@ def test_fused_region_cache_is_bounded(bound):
             y = x
             for _ in range(k):
                 y = y * 1.5 + 1
-            got = y.cpu()
+            y.cpu()  # read back: each its own region
     ref = x.cpu()
     for _ in range(10):
         ref = ref * 1.5 + 1
-    torch.testing.assert_close(got, ref)
+    assert_same(y, ref)
     assert len(executables.regions) <= 4
     assert torchtpu.metrics()["executables_evicted"] >= 6
 
@@ -94,7 +95,7 @@ def test_clear_caches_and_limit_api(bound):
     (torch.ones(3, device="tpu") * 3).cpu()
     torchtpu.clear_caches()
     assert executor.cache_size() == 0 and len(executables.regions) == 0
-    torch.testing.assert_close((torch.ones(3, device="tpu") * 3).cpu(), torch.full((3,), 3.0))
+    assert_same(torch.ones(3, device="tpu") * 3, torch.full((3,), 3.0))
     with pytest.raises(ValueError, match="per_op"):
         torchtpu.set_executable_limit(per_op=0)
     bound(total=100, per_op=10, regions=7)

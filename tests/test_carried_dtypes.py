@@ -13,7 +13,7 @@ import torch
 import torchtpu
 from conftest import run_in_mode as run
 from torchtpu.runtime.jaxenv import BITS, SUB_BYTE
-from conftest import MODES
+from conftest import MODES, assert_bits
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -22,29 +22,12 @@ SLOW = pytest.mark.slow
 
 def _modes(first_fast=("strict", "compile")):
     return [pytest.param(m, marks=[] if m in first_fast else [SLOW]) for m in MODES]
-_BITS_VIEW = {torch.complex32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-              torch.float32: torch.int32, torch.float64: torch.int64, torch.complex64: torch.int64,
-              torch.complex128: torch.float64}
 
 
 def cpu(fn, *args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(*args)
-
-
-def assert_bits(got, want):
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
-    if got.dtype == torch.complex128:  # no 16-byte int: both parts' float64 bits
-        got, want = torch.view_as_real(got), torch.view_as_real(want)
-    v = _BITS_VIEW.get(got.dtype)
-    g, w = (got.view(v), want.view(v)) if v is not None and got.dtype != torch.complex128 else (got, want)
-    if got.dtype == torch.complex128:
-        g, w = got.view(torch.int64), want.view(torch.int64)
-    if not torch.equal(g, w):
-        bad = (g != w).nonzero().flatten()[:5]
-        raise AssertionError(f"{(g != w).sum().item()} differ, e.g. at {bad.tolist()}: "
-                             f"tpu {g.flatten()[bad].tolist()} cpu {w.flatten()[bad].tolist()}")
 
 
 def _chalf(n=64, seed=0):

@@ -5,12 +5,13 @@ implementation op by op, whose checks are the strict executor's); a branch not t
 valid iterations raise nothing; the device keeps working after the error."""
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from torch._higher_order_ops.map import map as hop_map
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 import torchtpu
-from conftest import modes
+from conftest import assert_same, check, modes
 
 
 def _cond(x, idx, p):
@@ -40,38 +41,17 @@ def _map(x, idx, rows):
     return hop_map(lambda r, x: torch.nn.functional.embedding(r, x), rows, x)
 
 
-def _run(fn, args, mode):
-    if mode == "compile":
-        torch._dynamo.reset()
-        return torch.compile(fn, backend="tpu", fullgraph=True)(*args)
-    with torchtpu.eager_mode(mode):
-        return _read(fn(*args))
-
-
-def _same(fn, args, mode):
-    """CPU's outcome (value or exception class and message) is tpu's."""
-    try:
-        want = fn(*args)
-    except (RuntimeError, IndexError) as e:
-        want = e
-    dev = [a.to("tpu") for a in args]
-    if isinstance(want, Exception):
-        with pytest.raises(type(want)) as got:
-            _read(_run(fn, dev, mode))
-        msg = str(got.value)
-        assert str(want).split("\n")[0][:40] in msg, (str(want), msg)
-        assert "torchtpu device-side check" in msg
-    else:
-        got = _read(_run(fn, dev, mode))
-        torch.testing.assert_close(got, want if not isinstance(want, tuple) else list(want))
+def _as_cpu(fn, args, mode):
+    """CPU's outcome is tpu's in `mode` (conftest.check(raises=True)): its value, or its
+    exception class and first message line, which on tpu names a device-side check; compiled,
+    one whole graph (as fullgraph=True); the device keeps working after."""
+    counters.clear()
+    got = check(fn, *args, tpu_mode=mode, raises=True)
+    if isinstance(got, Exception):
+        assert "torchtpu device-side check" in str(got), str(got)
+    assert not counters["graph_break"], dict(counters["graph_break"])
     # the device keeps working: a following op is right
-    torch.testing.assert_close((torch.arange(3.0, device="tpu") * 2).cpu(), torch.arange(3.0) * 2)
-
-
-def _read(out):
-    if isinstance(out, (tuple, list)):
-        return [o.cpu() for o in out]
-    return out.cpu()
+    assert_same(torch.arange(3.0, device="tpu") * 2, torch.arange(3.0) * 2)
 
 
 @pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
@@ -80,14 +60,14 @@ def _read(out):
 def test_cond_branch(mode, taken, bad):
     x = torch.arange(6.0)
     idx = torch.tensor([0, 7 if bad else 5, 1])
-    _same(_cond, (x, idx, torch.tensor(taken)), mode)
+    _as_cpu(_cond, (x, idx, torch.tensor(taken)), mode)
 
 
 @pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
 @pytest.mark.parametrize("limit", [pytest.param(2, marks=pytest.mark.slow), 4])  # 4 turns run the index past the end on the last
 def test_while_loop_body(mode, limit):
     x = torch.arange(5.0)
-    _same(_while, (x, torch.tensor([0, 1, 2]), torch.tensor(limit)), mode)
+    _as_cpu(_while, (x, torch.tensor([0, 1, 2]), torch.tensor(limit)), mode)
 
 
 @pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
@@ -95,7 +75,7 @@ def test_while_loop_body(mode, limit):
 def test_scan_combine(mode, last):
     x = torch.arange(8.0).reshape(4, 2)
     rows = torch.tensor([[0], [2], [last]])
-    _same(lambda x, r: _scan(x, None, r), (x, rows), mode)
+    _as_cpu(lambda x, r: _scan(x, None, r), (x, rows), mode)
 
 
 @pytest.mark.parametrize("mode", modes("defer_and_fuse", "compile"))
@@ -103,7 +83,7 @@ def test_scan_combine(mode, last):
 def test_map_body(mode, last):
     x = torch.arange(8.0).reshape(4, 2)
     rows = torch.tensor([[0, 1], [2, last]])
-    _same(lambda x, r: _map(x, None, r), (x, rows), mode)
+    _as_cpu(lambda x, r: _map(x, None, r), (x, rows), mode)
 
 
 def test_checks_off_keeps_xla_semantics_in_bodies():

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchtpu
+from conftest import assert_same, assert_values
 from torchtpu.bench.compile import SmallResNet
 from torchtpu.bench.models import TinyGPT
 
@@ -26,17 +27,13 @@ def tpu(x):
     return x.to("tpu")
 
 
-def close(a, b, **kw):
-    torch.testing.assert_close(a.cpu() if isinstance(a, torch.Tensor) else a, b, **kw)
-
-
 def test_backend_is_registered_by_name():
     from torch._dynamo import list_backends
 
     assert "tpu" in list_backends(exclude_tags=())
     f = torch.compile(lambda x: x * 2 + 1, backend="tpu")
     x = torch.randn(3)
-    close(f(tpu(x)), x * 2 + 1)
+    assert_same(f(tpu(x)), x * 2 + 1)
 
 
 def test_mlp_forward_backward_matches_cpu(no_fallback):
@@ -45,15 +42,13 @@ def test_mlp_forward_backward_matches_cpu(no_fallback):
     mt = copy.deepcopy(m).to("tpu")
     x = torch.randn(5, 8)
     y = torch.compile(mt, backend="tpu")(tpu(x))
-    _assert_output_and_grads_match(y, m(x), mt, m)
+    assert_same(_out_and_grads(y, mt), _out_and_grads(m(x), m), atol=1e-5, rtol=1e-5)
 
 
-def _assert_output_and_grads_match(y, yc, mt, m):
-    close(y, yc, atol=1e-5, rtol=1e-5)
+def _out_and_grads(y, model):
+    """The output y of `model`, and its parameters' gradients of y.square().sum()."""
     y.square().sum().backward()
-    yc.square().sum().backward()
-    for p, q in zip(mt.parameters(), m.parameters()):
-        close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+    return y, [p.grad for p in model.parameters()]
 
 
 def test_forward_saves_parameters_and_their_views_not_copies(no_fallback):
@@ -75,7 +70,7 @@ def test_forward_saves_parameters_and_their_views_not_copies(no_fallback):
         y = f(tpu(x))
     shared = [t for t in saved if t.untyped_storage()._cdata in storages]
     assert len(shared) >= 3, [tuple(t.shape) for t in saved]
-    _assert_output_and_grads_match(y, m(x), mt, m)
+    assert_same(_out_and_grads(y, mt), _out_and_grads(m(x), m), atol=1e-5, rtol=1e-5)
 
 
 def _train(model, batch, crit, steps, device, compiled):
@@ -112,13 +107,13 @@ def test_gpt_training_with_compiled_adamw_matches_cpu(no_fallback):
     got, mt = _train(model, batch, crit, 4, "tpu", True)
     # step counts live on the CPU: the compiled optimizer must write them back, or the
     # bias correction would drift from step 2 on
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert_values(got, ref, rtol=1e-4, atol=1e-5)  # the losses read back
     for (name, p), q in zip(mt.named_parameters(), mc.parameters()):
         if name.endswith("qkv.bias"):
             # the key bias has an exactly-zero true gradient (softmax ignores a constant
             # shift); Adam scales its rounding noise up to +-lr, on CPU and tpu alike
             continue
-        close(p, q, atol=1e-4, rtol=1e-4, msg=name)
+        assert_same(p, q, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_compiled_optimizer_step_never_waits_for_the_device(no_fallback):
@@ -143,7 +138,7 @@ def test_compiled_optimizer_step_never_waits_for_the_device(no_fallback):
         opt.zero_grad()
         ropt.zero_grad()
     for p, q in zip(mt.parameters(), ref.parameters()):
-        close(p, q, atol=1e-5, rtol=1e-5)
+        assert_same(p, q, atol=1e-5, rtol=1e-5)
     for p, q in zip(mt.parameters(), ref.parameters()):
         assert opt.state[p]["step"].device.type == "cpu"
         assert opt.state[p]["step"].item() == ropt.state[q]["step"].item() == 3
@@ -155,10 +150,7 @@ def test_host_read_of_views_matches_cpu():
     xt = tpu(x)
     for view in (lambda t: t, lambda t: t[1], lambda t: t[:, 2], lambda t: t.t(), lambda t: t[1:3, ::2],
                  lambda t: t[0, 0], lambda t: t[:0], lambda t: t[2:3].expand(3, 6), lambda t: t.flatten()[5:]):
-        got = view(xt).cpu()
-        want = view(x)
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want)
+        assert_same(view(xt), view(x))  # assert_same reads the tpu view back
     assert view(xt).tolist() == view(x).tolist()
     assert xt[1, 2].item() == 8.0
 
@@ -169,10 +161,10 @@ def test_resnet_batchnorm_training_matches_cpu(no_fallback):
     batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
     ref, mc = _train(model, batch, F.cross_entropy, 2, "cpu", False)
     got, mt = _train(model, batch, F.cross_entropy, 2, "tpu", True)
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert_values(got, ref, rtol=1e-4, atol=1e-5)  # the losses read back
     # running statistics are input mutations of the compiled forward
     for (name, b), c in zip(mt.named_buffers(), mc.buffers()):
-        close(b, c, atol=1e-4, rtol=1e-4, msg=name)
+        assert_same(b, c, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_graph_break_runs_the_rest_eagerly():
@@ -183,7 +175,7 @@ def test_graph_break_runs_the_rest_eagerly():
 
     torchtpu.reset_metrics()
     x = torch.randn(4, 3)
-    close(torch.compile(f, backend="tpu")(tpu(x)), f(x))
+    assert_same(torch.compile(f, backend="tpu")(tpu(x)), f(x))
     assert torchtpu.metrics()["dynamo_graphs"] == 2
 
 
@@ -201,7 +193,7 @@ def test_host_tensor_moved_to_tpu_in_a_frame_dynamo_gave_up_on():
     g = torch.tensor([[3]])
     got = torch.compile(f, backend="tpu")(tpu(g))
     assert got.device.type == "tpu"
-    close(got, f(g))
+    assert_same(got, f(g))
 
 
 def test_view_at_an_offset_beside_a_host_only_part():
@@ -214,7 +206,7 @@ def test_view_at_an_offset_beside_a_host_only_part():
     base, c = torch.arange(12.).reshape(3, 4), torch.tensor([1.0, 2.0])
     got, host = torch.compile(f, backend="tpu")(tpu(base)[1:], c)
     ref, ref_host = f(base[1:], c)
-    close(got, ref)
+    assert_same(got, ref)
     assert host.device.type == "cpu" and torch.equal(host, ref_host)
 
 
@@ -266,8 +258,8 @@ def test_input_mutation_is_written_back():
     at = tpu(a)
     r = torch.compile(f, backend="tpu")(at, tpu(b))
     rc = f(a, b)
-    close(r, rc)
-    close(at, a)
+    assert_same(r, rc)
+    assert_same(at, a)
 
 
 def test_mutation_of_a_view_input_updates_its_base():
@@ -279,8 +271,8 @@ def test_mutation_of_a_view_input_updates_its_base():
     bt = tpu(base)
     out = torch.compile(f, backend="tpu")(bt[:, 1:4])
     outc = f(base[:, 1:4])
-    close(out, outc)
-    close(bt, base)
+    assert_same(out, outc)
+    assert_same(bt, base)
 
 
 def test_shape_change_recompiles_once_per_shape():
@@ -291,7 +283,7 @@ def test_shape_change_recompiles_once_per_shape():
     torchtpu.reset_metrics()
     for n in (3, 5, 3, 5, 7):
         x = torch.randn(n, 4)
-        close(g(tpu(x)), f(x))
+        assert_same(g(tpu(x)), f(x))
     assert torchtpu.metrics()["compile_graphs"] == 3
 
 
@@ -305,7 +297,7 @@ def test_mark_dynamic_works_with_one_program_per_shape():
         x = torch.randn(n, 3)
         xt = tpu(x)
         torch._dynamo.mark_dynamic(xt, 0)
-        close(g(xt), f(x))
+        assert_same(g(xt), f(x))
     m = torchtpu.metrics()
     assert m["dynamo_graphs"] == 1  # one symbolic graph from Dynamo
     assert m["compile_graphs"] == 2  # one XLA program per concrete shape
@@ -326,8 +318,8 @@ def test_graph_over_symbolic_sizes_lays_out_and_addresses_as_traced(no_fallback)
         x = torch.arange(4.0 * n).reshape(n, 4)
         want, got = f(x), g(tpu(x))
         assert got[0].stride() == want[0].stride(), n
-        close(got[0], want[0])
-        close(got[1], want[1])
+        assert_same(got[0], want[0])
+        assert_same(got[1], want[1])
 
     def chunks(x):  # one graph: an as_strided of a symbolic-size intermediate
         y = (x + 1).transpose(0, 1)
@@ -336,7 +328,7 @@ def test_graph_over_symbolic_sizes_lays_out_and_addresses_as_traced(no_fallback)
     h = torch.compile(chunks, backend="tpu", dynamic=True)
     for n in (3, 5):
         x = torch.randn(n, 4)
-        close(h(tpu(x)), chunks(x))
+        assert_same(h(tpu(x)), chunks(x))
 
 
 def test_dropout_is_random_but_seeded():
@@ -351,7 +343,7 @@ def test_dropout_is_random_but_seeded():
     torch.manual_seed(1)
     c = g(x).cpu()
     assert not torch.equal(a, b)
-    torch.testing.assert_close(a, c)
+    assert_values(a, c)  # the same seed, the same draws
     assert set(a.unique().tolist()) <= {0.0, 2.0}
 
 
@@ -362,8 +354,8 @@ def test_cpu_tensors_in_and_out_of_the_graph():
     x = torch.randn(3)
     out_cpu, out_tpu = torch.compile(f, backend="tpu")(tpu(x), torch.tensor(2.0))
     assert out_cpu.device.type == "cpu" and out_tpu.device.type == "tpu"
-    close(out_cpu, x * 2 + 1)
-    close(out_tpu, x.sum())
+    assert_values(out_cpu, x * 2 + 1)  # a CPU output of the compiled graph
+    assert_same(out_tpu, x.sum())
 
 
 def test_boolean_mask_index_in_graph():
@@ -371,7 +363,7 @@ def test_boolean_mask_index_in_graph():
         return x[x > 0].sum() + x[:, torch.tensor([0, 2])].sum()
 
     x = torch.randn(5, 4)
-    close(torch.compile(f, backend="tpu")(tpu(x)), f(x))
+    assert_same(torch.compile(f, backend="tpu")(tpu(x)), f(x))
 
 
 def test_boolean_mask_assignment_trains_in_graph():
@@ -391,8 +383,8 @@ def test_boolean_mask_assignment_trains_in_graph():
         xd, yd = x.to(dev).detach().requires_grad_(), y.to(dev).detach().requires_grad_()
         loss = fn(xd, mask.to(dev), yd)
         loss.backward()
-        grads.append([loss.detach().cpu(), xd.grad.cpu(), yd.grad.cpu()])
-    close(grads[1], grads[0])
+        grads.append([loss.detach(), xd.grad, yd.grad])
+    assert_same(grads[1], grads[0])
 
 
 def test_checked_op_after_a_graph_break_in_a_function_with_slices():
@@ -404,7 +396,7 @@ def test_checked_op_after_a_graph_break_in_a_function_with_slices():
         return a[mask, :][:, 1:].sum() + a[idx, :].sum()
 
     x, mask, idx = torch.randn(4, 3), torch.tensor([True, False, True, True]), torch.tensor([0, 2])
-    close(torch.compile(f, backend="tpu")(tpu(x), tpu(mask), tpu(idx)), f(x, mask, idx))
+    assert_same(torch.compile(f, backend="tpu")(tpu(x), tpu(mask), tpu(idx)), f(x, mask, idx))
 
 
 def test_no_lowering_raises_naming_the_overload_when_fallback_is_off():
@@ -422,7 +414,7 @@ def test_no_lowering_raises_naming_the_overload_when_fallback_is_off():
         torchtpu.set_fallback(True)
         torch._dynamo.reset()
         torchtpu.reset_metrics()
-        close(torch.compile(f, backend="tpu")(x), f(x.cpu()))
+        assert_same(torch.compile(f, backend="tpu")(x), f(x.cpu()))
         assert torchtpu.metrics()["fallback_ops"] == {"_fft_c2c": 1}
     finally:
         LOWERINGS["_fft_c2c"] = saved
@@ -472,7 +464,7 @@ def test_views_inside_graphs(name, no_fallback):
     x = torch.randn(3, 4, 5)
     expected = fn(x)
     got = torch.compile(fn, backend="tpu")(tpu(x))
-    close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_same(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def _complex_rope(x, freqs):
@@ -491,7 +483,7 @@ def test_lazy_conj_and_neg_views_keep_their_values_in_a_graph(no_fallback, name,
     # a _conj / _neg_view node was read as a plain view (geometry only): the sign was dropped
     z = torch.randn(3, 3, dtype=torch.complex64)
     zt = z.to("tpu")
-    close(torch.compile(fn, backend="tpu")(zt), fn(z))
+    assert_same(torch.compile(fn, backend="tpu")(zt), fn(z))
 
 
 def test_complex_rope_gradients_match_cpu_compiled(no_fallback):
@@ -505,9 +497,9 @@ def test_complex_rope_gradients_match_cpu_compiled(no_fallback):
     step = torch.compile(lambda a, b, f: _complex_rope(a @ b, f).square().sum(), backend="tpu")
     lt = step(xt, wt, freqs.to("tpu"))
     lt.backward()
-    close(lt, loss)
-    close(xt.grad, x.grad)
-    close(wt.grad, w.grad)
+    assert_same(lt, loss)
+    assert_same(xt.grad, x.grad)
+    assert_same(wt.grad, w.grad)
 
 
 def test_linalg_error_check_under_with_effects_compiled():
@@ -515,7 +507,7 @@ def test_linalg_error_check_under_with_effects_compiled():
     # op was called with JAX tracers (TypeError), and the effect token came back as no value
     f = torch.compile(lambda a: torch.linalg.inv(a), backend="tpu", dynamic=False)
     a = torch.randn(2, 3, 3, dtype=torch.complex64)
-    close(f(a.to("tpu")), torch.linalg.inv(a))
+    assert_same(f(a.to("tpu")), torch.linalg.inv(a))
     singular = torch.eye(3).repeat(2, 1, 1)
     singular[1, 2, 2] = 0
     with pytest.raises(torch.linalg.LinAlgError, match=r"\(Batch element 1\): The diagonal element 3 is zero"):
@@ -551,9 +543,9 @@ def test_complex64_forward_and_backward_compiled_match_cpu(no_fallback, name):
     ta, tb = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
     out = fn(ca, cb)
     got = torch.compile(fn, backend="tpu", dynamic=False)(ta, tb)
-    close(got, out, atol=1e-4, rtol=1e-4)
+    assert_same(got, out, atol=1e-4, rtol=1e-4)
     cot = torch.randn(out.shape, dtype=out.dtype, generator=g)
     want = torch.autograd.grad(out, (ca, cb), cot)
     grads = torch.autograd.grad(got, (ta, tb), cot.to("tpu"))
     for x, y in zip(grads, want):
-        close(x, y, atol=1e-4, rtol=1e-4)
+        assert_same(x, y, atol=1e-4, rtol=1e-4)

@@ -11,12 +11,11 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 import torchtpu
-from conftest import assert_same
+from conftest import assert_same, check
 from conftest import modes
 
 # strict runs PyTorch's own eager implementation op by op (a compile per op): slow, and
 # checked once in the fast suite by test_cond
-tree = torch.utils._pytree
 
 
 def _on_tpu(args):
@@ -24,51 +23,16 @@ def _on_tpu(args):
             for a in args]
 
 
-def _run(fn, args, mode, grad):
-    """fn(*args) in `mode` (and its backward when `grad`): outputs, and grads of the inputs."""
-    def go():
-        out = fn(*args)
-        grads = None
-        if grad:
-            leaves = [o for o in tree.tree_leaves(out) if o.is_floating_point()]
-            loss = sum(((o * torch.linspace(0.5, 1.5, o.numel(), device=o.device).reshape(o.shape)).sum()
-                        for o in leaves))
-            loss.backward()
-            grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        return out, grads
-
+def _check(fn, args, mode, grad=False, atol=1e-5, rtol=1e-5):
+    """conftest.check of fn(*args) with the tpu side, forward and (with grad) backward, in
+    `mode`; compiled, the graph must be whole (no graph break, as fullgraph=True) and fall
+    back to the CPU nowhere."""
+    counters.clear()
+    before = torchtpu.metrics()["cpu_fallbacks"]
+    got = check(fn, *args, tpu_mode=mode, grad=grad, atol=atol, rtol=rtol)
     if mode == "compile":
-        torch._dynamo.reset()
-        counters.clear()
-        before = torchtpu.metrics()["cpu_fallbacks"]
-        compiled = torch.compile(fn, backend="tpu", fullgraph=True)
-        fn_ = fn
-        fn = compiled
-        out, grads = go()
-        fn = fn_
         assert not counters["graph_break"], dict(counters["graph_break"])
         assert torchtpu.metrics()["cpu_fallbacks"] == before
-        return out, grads
-    if mode == "defer_and_fuse":
-        with torchtpu.eager_mode(mode):
-            return go()
-    return go()
-
-
-def check(fn, args, mode, grad=False, atol=1e-5, rtol=1e-5):
-    """The same program on CPU and on tpu, compared."""
-    cpu_args = [a.detach().clone().requires_grad_(grad and a.is_floating_point())
-                if isinstance(a, torch.Tensor) else a for a in args]
-    want, want_grads = _run(fn, cpu_args, "strict", grad)
-    tpu_args = _on_tpu(cpu_args)
-    got, got_grads = _run(fn, tpu_args, mode, grad)
-    assert all(isinstance(w, torch.Tensor) for w in tree.tree_leaves(want))
-    assert_same(got, tree.tree_map(lambda w: w.detach(), want), atol=atol, rtol=rtol)
-    if grad:
-        assert len(got_grads) == len(want_grads)
-        for g, w in zip(got_grads, want_grads):
-            assert g is not None and g.device.type == "tpu"
-            torch.testing.assert_close(g.cpu(), w, atol=atol, rtol=rtol)
     return got
 
 
@@ -139,19 +103,19 @@ def _x(*shape):
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_cond(mode, sign):
     x = _x(4, 3).abs() * sign
-    check(cond_closure, [x, _x(3)], mode, grad=True)
+    _check(cond_closure, [x, _x(3)], mode, grad=True)
 
 
 @pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_cond_nested(mode):
-    check(cond_nested, [_x(4, 3).abs() + 0.6, _x(3)], mode, grad=True)
-    check(cond_nested, [_x(4, 3).abs() * 0.1, _x(3)], mode)
+    _check(cond_nested, [_x(4, 3).abs() + 0.6, _x(3)], mode, grad=True)
+    _check(cond_nested, [_x(4, 3).abs() * 0.1, _x(3)], mode)
 
 
 @pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_while_loop(mode):
     with torch.no_grad():
-        check(while_data_dependent, [_x(4, 3), torch.tensor(300.0)], mode)
+        _check(while_data_dependent, [_x(4, 3), torch.tensor(300.0)], mode)
 
 
 # Eager scan backward is PyTorch's ScanAutogradOp, which re-traces its joint graph under
@@ -163,30 +127,30 @@ def test_while_loop(mode):
                                        pytest.param("defer_and_fuse", True, marks=pytest.mark.slow),
                                        ("defer_and_fuse", False), ("compile", True)])
 def test_scan(mode, grad):
-    check(scan_rnn, [_x(6, 2, 3), _x(2, 5), _x(3, 5) * 0.5, _x(5, 5) * 0.5], mode, grad=grad, atol=1e-4)
+    _check(scan_rnn, [_x(6, 2, 3), _x(2, 5), _x(3, 5) * 0.5, _x(5, 5) * 0.5], mode, grad=grad, atol=1e-4)
 
 
 @pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_scan_nested_cond(mode):
-    check(scan_with_cond, [_x(5, 3), _x(3), _x(3)], mode)
+    _check(scan_with_cond, [_x(5, 3), _x(3), _x(3)], mode)
 
 
 @pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_map(mode):
-    check(map_closure, [_x(5, 3), _x(3)], mode, grad=True)
+    _check(map_closure, [_x(5, 3), _x(3)], mode, grad=True)
 
 
 @pytest.mark.parametrize("mode", modes(slow=("strict",)))
 def test_associative_scan(mode):
     with torch.no_grad():
-        check(assoc_pairs, [_x(9, 2).abs(), _x(9, 2)], mode)
+        _check(assoc_pairs, [_x(9, 2).abs(), _x(9, 2)], mode)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
 def test_associative_scan_cumsum(mode):
     with torch.no_grad():
-        check(assoc_cumsum, [_x(2, 7)], mode)
+        _check(assoc_cumsum, [_x(2, 7)], mode)
 
 
 # ---- one program, no host transfer -----------------------------------------------------------
@@ -205,7 +169,7 @@ def test_while_loop_compiled_is_one_program_without_host_reads():
     assert m.get("compiles", 0) == 0 and m["transfers_to_host"] == 0 and m["executions"] == 1
     want_i, want = while_data_dependent(x.cpu(), limit.cpu())
     assert i.item() == want_i.item()
-    torch.testing.assert_close(out.cpu(), want)
+    assert_same(out, want)
 
 
 def test_while_loop_deferred_reads_nothing_back():
@@ -217,7 +181,7 @@ def test_while_loop_deferred_reads_nothing_back():
         assert m["transfers_to_host"] == 0 and m.get("regions_executed", 0) == 0
         torch.tpu.synchronize()
     assert torchtpu.metrics().get("regions_executed") == 1
-    torch.testing.assert_close(out.cpu(), while_data_dependent(x.cpu(), limit.cpu())[1])
+    assert_same(out, while_data_dependent(x.cpu(), limit.cpu())[1])
 
 
 @pytest.mark.parametrize("mode", ["defer_and_fuse", "compile"])
@@ -238,8 +202,7 @@ def test_scan_128_steps_is_one_program(mode):
     # strict ops around the program (the input copies) are not part of it; nothing per step
     assert m["compiles"] <= 2, m
     want_h, want_ys = scan_rnn(xs, h0, w_in, w_h)
-    torch.testing.assert_close(h.cpu(), want_h, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(ys.cpu(), want_ys, atol=1e-4, rtol=1e-4)
+    assert_same((h, ys), (want_h, want_ys), atol=1e-4, rtol=1e-4)
 
 
 def test_deferred_cond_traces_once_per_signature():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.runtime import inflight, storage
 
 
@@ -124,7 +125,7 @@ def test_stream_api_shape():
     ev.synchronize()
     assert ev.query() and s.query()
     assert torch.accelerator.current_stream().device_type == s.device_type
-    torch.testing.assert_close(x.cpu(), torch.full((3,), 2.0))
+    assert_same(x, torch.full((3,), 2.0))
 
 
 def test_memory_api(mode):
@@ -192,9 +193,9 @@ def test_default_torch_compile_uses_the_tpu_backend(mode):
     m = torchtpu.metrics()
     assert m["dynamo_graphs"] == 1 and m["compile_graphs"] == 2  # forward and backward, ours
     assert out.device.type == "tpu"
-    torch.testing.assert_close(out.cpu(), ref(x))
+    assert_same(out, ref(x))
     for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad.cpu(), q.grad)
+        assert_same(p.grad, q.grad)
 
 
 def _profiled(device, tmp_path):

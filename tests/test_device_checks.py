@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import torchtpu
 from torchtpu.runtime import checks as pending_checks
-from conftest import ALL_MODES
+from conftest import ALL_MODES, assert_same
 
 
 def _x():
@@ -93,10 +93,8 @@ def _run_tpu(mode, prog, inputs):
 
 def _after(inputs, cpu_inputs):
     """The device still works: a new op is right and the inputs are intact."""
-    for t, c in zip(inputs, cpu_inputs):
-        assert t.device.type == "tpu"
-        torch.testing.assert_close(t.cpu(), c)
-        torch.testing.assert_close((t * 2).cpu(), c * 2)
+    assert_same(list(inputs), list(cpu_inputs))
+    assert_same([t * 2 for t in inputs], [c * 2 for c in cpu_inputs])
 
 
 # compiled mode costs a Dynamo trace per case: the fast suite compiles a few, the rest is slow
@@ -152,7 +150,7 @@ def test_no_host_round_trip_until_a_host_read():
             torch.tpu.synchronize()
     assert pending_checks.pending() == 0
     assert z.shape == (2,)
-    torch.testing.assert_close(x.cpu(), torch.arange(6.0))
+    assert_same(x, torch.arange(6.0))
 
 
 def test_valid_indices_raise_nothing_in_any_mode():
@@ -163,7 +161,7 @@ def test_valid_indices_raise_nothing_in_any_mode():
         with torchtpu.eager_mode(mode):
             xt, it = x.to("tpu"), i.to("tpu")
             got = (xt[it[0]] + torch.gather(xt, 1, it.abs().T.repeat(2, 1)[:4]).sum()) % 3
-            torch.testing.assert_close(got.cpu(), ref)
+            assert_same(got, ref)
 
 
 def test_one_flag_array_per_fused_region_and_the_first_error_wins():
@@ -184,8 +182,8 @@ def test_one_flag_array_per_fused_region_and_the_first_error_wins():
         # the failed region's outputs raise a clear error when read; its input is intact
         with pytest.raises(RuntimeError, match="value was lost"):
             c.cpu()
-        torch.testing.assert_close(x.cpu(), torch.arange(6.0))
-        torch.testing.assert_close((x + 1).cpu(), torch.arange(6.0) + 1)
+        assert_same(x, torch.arange(6.0))
+        assert_same(x + 1, torch.arange(6.0) + 1)
 
 
 def test_checks_off_keeps_xla_semantics():
@@ -208,7 +206,7 @@ def test_debug_mode_raises_at_the_op():
     with torchtpu.eager_mode("debug"):
         with pytest.raises(IndexError, match="out of range in self"):
             torch.index_select(x, 0, torch.tensor([6], device="tpu"))  # no host read needed
-    torch.testing.assert_close((x - 1).cpu(), torch.arange(6.0) - 1)
+    assert_same(x - 1, torch.arange(6.0) - 1)
 
 
 def test_training_step_with_ignore_index_is_not_a_false_positive():
@@ -224,7 +222,7 @@ def test_training_step_with_ignore_index_is_not_a_false_positive():
             loss = F.cross_entropy(head_t(emb_t(ids.to("tpu"))).reshape(-1, 10), tgt.to("tpu").reshape(-1),
                                    ignore_index=-100)
             loss.backward()
-            torch.testing.assert_close(loss.cpu(), ref)
+            assert_same(loss, ref)
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])

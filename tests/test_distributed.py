@@ -46,6 +46,7 @@ def test_world_of_one_in_process(tmp_path):
     # one process: no multi-process runtime, every collective is the identity;
     # init_process_group(device_id=tpu) picks the "tpu" backend by itself
     import torchtpu  # noqa: F401
+    from conftest import assert_same
 
     dist.init_process_group(device_id=torch.device("tpu", 0), init_method=f"file://{tmp_path / 'store'}",
                             rank=0, world_size=1)
@@ -56,9 +57,9 @@ def test_world_of_one_in_process(tmp_path):
         dist.broadcast(x, src=0)
         out = torch.empty(2, 3, device="tpu")
         dist.all_gather_into_tensor(out, x)
-        torch.testing.assert_close(out.cpu(), torch.arange(6.0).reshape(2, 3))
+        assert_same(out, torch.arange(6.0).reshape(2, 3))
         dist.reduce_scatter_tensor(out, x * 2, op=dist.ReduceOp.MAX)
-        torch.testing.assert_close(out.cpu(), torch.arange(6.0).reshape(2, 3) * 2)
+        assert_same(out, torch.arange(6.0).reshape(2, 3) * 2)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -86,6 +87,7 @@ def test_region_with_a_collective_runs_through_the_installed_runner(tmp_path):
     # the all-reduce (the identity over one rank) is recorded the way the group records
     # DDP's bucket all-reduce in defer_and_fuse.
     import torchtpu
+    from conftest import assert_same
     from torchtpu.distributed import fused
     from torchtpu.eager import deferred
     from torchtpu.spmd.bodies import body_allreduce
@@ -104,7 +106,7 @@ def test_region_with_a_collective_runs_through_the_installed_runner(tmp_path):
                                         lambda: body_allreduce("sum", 1), [y], [y])
             z = y + 1
             assert counting.calls == []  # recorded, not run
-            torch.testing.assert_close(z.cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 1)
+            assert_same(z, torch.arange(6.0).reshape(2, 3) * 2 + 1)
         assert counting.calls == ["agree", "run"]
 
         deferred.set_collective_region_runner(None)
@@ -113,7 +115,7 @@ def test_region_with_a_collective_runs_through_the_installed_runner(tmp_path):
             with pytest.raises(RuntimeError, match="no runner for regions with collectives is installed"):
                 fused.record_written(pg, "ALLREDUCE", ("allreduce", "sum", 1),
                                      lambda: body_allreduce("sum", 1), [y], [y])
-            torch.testing.assert_close((y + 1).cpu(), torch.full((3,), 2.0))  # nothing half-recorded
+            assert_same(y + 1, torch.full((3,), 2.0))  # nothing half-recorded
     finally:
         deferred.set_collective_region_runner(installed)
         dist.destroy_process_group()
@@ -260,8 +262,7 @@ def _collectives(rank: int, world: int) -> dict:
     res: dict = {}
     dev = "tpu"
 
-    def eq(t, expect):
-        torch.testing.assert_close(t.cpu(), torch.as_tensor(expect, dtype=t.dtype))
+    from conftest import assert_same, assert_values
 
     base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     per_rank = [base + 10 * r + 1 for r in range(world)]
@@ -271,7 +272,7 @@ def _collectives(rank: int, world: int) -> dict:
             x = per_rank[rank].to(dtype).to(dev)
             dist.all_reduce(x, op=op)
             stacked = torch.stack([p.to(dtype) for p in per_rank])
-            eq(x, combine(stacked))
+            assert_same(x, combine(stacked))
         return f
 
     _check("all_reduce_sum", all_reduce(dist.ReduceOp.SUM, lambda s: s.sum(0)), res)
@@ -286,7 +287,7 @@ def _collectives(rank: int, world: int) -> dict:
     def all_reduce_bool():
         x = torch.tensor([rank == 0, False, True], device=dev)
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        eq(x, [True, False, True])
+        assert_same(x, torch.tensor([True, False, True]))
     _check("all_reduce_bool", all_reduce_bool, res)
 
     def all_reduce_view():
@@ -296,7 +297,7 @@ def _collectives(rank: int, world: int) -> dict:
         dist.all_reduce(col)
         expect = torch.zeros(4, 3) + rank
         expect[:, 1] = sum(range(world))
-        eq(full, expect)
+        assert_same(full, expect)
     _check("all_reduce_view", all_reduce_view, res)
 
     def all_reduce_async():
@@ -304,37 +305,38 @@ def _collectives(rank: int, world: int) -> dict:
         w = dist.all_reduce(x, async_op=True)
         w.wait()
         y = x * 2  # ordered after the collective
-        eq(y, 2 * sum(per_rank))
+        assert_same(y, 2 * sum(per_rank))
         assert w.is_completed()
     _check("all_reduce_async", all_reduce_async, res)
 
     def all_reduce_cpu_tensor():
         x = per_rank[rank].clone()
         dist.all_reduce(x)
-        eq(x, sum(per_rank))
+        assert x.device.type == "cpu"
+        assert_values(x, sum(per_rank))  # a CPU tensor reduced in place
     _check("all_reduce_cpu_tensor", all_reduce_cpu_tensor, res)
 
     def broadcast():
         for src in range(world):
             x = per_rank[rank].to(dev)
             dist.broadcast(x, src=src)
-            eq(x, per_rank[src])
+            assert_same(x, per_rank[src])
     _check("broadcast", broadcast, res)
 
     def all_gather():
         outs = [torch.empty(2, 3, device=dev) for _ in range(world)]
         dist.all_gather(outs, per_rank[rank].to(dev))
         for o, p in zip(outs, per_rank):
-            eq(o, p)
+            assert_same(o, p)
     _check("all_gather", all_gather, res)
 
     def all_gather_into_tensor():
         out = torch.empty(2 * world, 3, device=dev)
         dist.all_gather_into_tensor(out, per_rank[rank].to(dev))
-        eq(out, torch.cat(per_rank))
+        assert_same(out, torch.cat(per_rank))
         out = torch.empty(world, 2, 3, device=dev)  # the stacked form
         dist.all_gather_into_tensor(out, per_rank[rank].to(dev))
-        eq(out, torch.stack(per_rank))
+        assert_same(out, torch.stack(per_rank))
     _check("all_gather_into_tensor", all_gather_into_tensor, res)
 
     big = [torch.arange(world * 4, dtype=torch.float32).reshape(world * 2, 2) * (r + 1) for r in range(world)]
@@ -342,25 +344,25 @@ def _collectives(rank: int, world: int) -> dict:
     def reduce_scatter():
         out = torch.empty(2, 2, device=dev)
         dist.reduce_scatter(out, [c.to(dev) for c in big[rank].chunk(world)])
-        eq(out, sum(big).chunk(world)[rank])
+        assert_same(out, sum(big).chunk(world)[rank])
         out = torch.empty(2, 2, device=dev)
         dist.reduce_scatter(out, [c.to(dev) for c in big[rank].chunk(world)], op=dist.ReduceOp.MAX)
-        eq(out, torch.stack(big).amax(0).chunk(world)[rank])
+        assert_same(out, torch.stack(big).amax(0).chunk(world)[rank])
     _check("reduce_scatter", reduce_scatter, res)
 
     def reduce_scatter_tensor():
         out = torch.empty(2, 2, device=dev)
         dist.reduce_scatter_tensor(out, big[rank].to(dev))
-        eq(out, sum(big).chunk(world)[rank])
+        assert_same(out, sum(big).chunk(world)[rank])
         out = torch.empty(2, 2, device=dev)
         dist.reduce_scatter_tensor(out, big[rank].to(dev), op=dist.ReduceOp.AVG)
-        eq(out, (sum(big) / world).chunk(world)[rank])
+        assert_same(out, (sum(big) / world).chunk(world)[rank])
     _check("reduce_scatter_tensor", reduce_scatter_tensor, res)
 
     def all_to_all_single_even():
         out = torch.empty(world * 2, 2, device=dev)
         dist.all_to_all_single(out, big[rank].to(dev))
-        eq(out, torch.cat([big[r].chunk(world)[rank] for r in range(world)]))
+        assert_same(out, torch.cat([big[r].chunk(world)[rank] for r in range(world)]))
     _check("all_to_all_single_even", all_to_all_single_even, res)
 
     def all_to_all_single_uneven():
@@ -372,7 +374,7 @@ def _collectives(rank: int, world: int) -> dict:
         out = torch.empty(expect.shape, device=dev)
         dist.all_to_all_single(out, send.to(dev), [r + rank + 1 for r in range(world)],
                                [rank + j + 1 for j in range(world)])
-        eq(out, expect)
+        assert_same(out, expect)
     _check("all_to_all_single_uneven", all_to_all_single_uneven, res)
 
     def all_to_all_list():
@@ -380,7 +382,7 @@ def _collectives(rank: int, world: int) -> dict:
         outs = [torch.empty(rank + 1, device=dev) for _ in range(world)]
         dist.all_to_all(outs, ins)
         for r, o in enumerate(outs):
-            eq(o, torch.full((rank + 1,), float(10 * r + rank)))
+            assert_same(o, torch.full((rank + 1,), float(10 * r + rank)))
     _check("all_to_all_list", all_to_all_list, res)
 
     def barrier():
@@ -394,11 +396,11 @@ def _collectives(rank: int, world: int) -> dict:
             dist.send(torch.tensor([7.0, 8.0], device=dev), dst=1)
             z = torch.empty(3, dtype=torch.int64, device=dev)
             dist.recv(z, src=1)
-            eq(z, [1, 2, 3])
+            assert_same(z, torch.as_tensor([1, 2, 3], dtype=z.dtype))
         elif rank == 1:
             z = torch.empty(2, device=dev)
             dist.recv(z, src=0)
-            eq(z, [7.0, 8.0])
+            assert_same(z, torch.as_tensor([7.0, 8.0], dtype=z.dtype))
             dist.send(torch.tensor([1, 2, 3], device=dev), dst=0)
     _check("send_recv", send_recv, res)
 
@@ -413,8 +415,8 @@ def _collectives(rank: int, world: int) -> dict:
                dist.P2POp(dist.irecv, got2, prv)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
-        eq(got, torch.full((3,), float(prv)))
-        eq(got2, [prv, 5])
+        assert_same(got, torch.full((3,), float(prv)))
+        assert_same(got2, torch.as_tensor([prv, 5], dtype=got2.dtype))
         # isend/irecv crossing each other, then a collective flushes nothing twice
         a = dist.isend(send * 2, nxt)
         b = torch.empty(3, device=dev)
@@ -423,8 +425,8 @@ def _collectives(rank: int, world: int) -> dict:
         dist.all_reduce(x)
         a.wait()
         c.wait()
-        eq(b, torch.full((3,), 2.0 * prv))
-        eq(x, [float(world)])
+        assert_same(b, torch.full((3,), 2.0 * prv))
+        assert_same(x, torch.as_tensor([float(world)], dtype=x.dtype))
     _check("batch_isend_irecv_ring", batch_isend_irecv_ring, res)
 
     def gather_scatter():
@@ -432,16 +434,16 @@ def _collectives(rank: int, world: int) -> dict:
         dist.gather(per_rank[rank].to(dev), outs, dst=1)
         if rank == 1:
             for o, p in zip(outs, per_rank):
-                eq(o, p)
+                assert_same(o, p)
         x = torch.empty(2, 3, device=dev)
         dist.scatter(x, [p.to(dev) for p in per_rank] if rank == 0 else None, src=0)
-        eq(x, per_rank[rank])
+        assert_same(x, per_rank[rank])
     _check("gather_scatter", gather_scatter, res)
 
     def reduce():
         x = per_rank[rank].to(dev)
         dist.reduce(x, dst=0)
-        eq(x, sum(per_rank) if rank == 0 else per_rank[rank])
+        assert_same(x, sum(per_rank) if rank == 0 else per_rank[rank])
     _check("reduce", reduce, res)
 
     def coalescing_manager():
@@ -452,8 +454,8 @@ def _collectives(rank: int, world: int) -> dict:
             dist.all_reduce(a)
             dist.all_reduce(b)
         cm.wait()
-        eq(a, sum(per_rank))
-        eq(b, sum(per_rank)[0])
+        assert_same(a, sum(per_rank))
+        assert_same(b, sum(per_rank)[0])
     _check("coalescing_manager", coalescing_manager, res)
 
     def functional_collectives():
@@ -464,9 +466,9 @@ def _collectives(rank: int, world: int) -> dict:
 
         torchtpu.reset_metrics()
         w = dist.group.WORLD
-        eq(fc.all_reduce(per_rank[rank].to(dev), "sum", w), sum(per_rank))
-        eq(fc.all_gather_tensor(per_rank[rank].to(dev), 0, w), torch.cat(per_rank))
-        eq(fc.reduce_scatter_tensor(big[rank].to(dev), "sum", 0, w), sum(big).chunk(world)[rank])
+        assert_same(fc.all_reduce(per_rank[rank].to(dev), "sum", w), sum(per_rank))
+        assert_same(fc.all_gather_tensor(per_rank[rank].to(dev), 0, w), torch.cat(per_rank))
+        assert_same(fc.reduce_scatter_tensor(big[rank].to(dev), "sum", 0, w), sum(big).chunk(world)[rank])
         assert torchtpu.metrics()["cpu_fallbacks"] == 0, torchtpu.metrics()["fallback_ops"]
     _check("functional_collectives", functional_collectives, res)
 
@@ -474,7 +476,7 @@ def _collectives(rank: int, world: int) -> dict:
         g = dist.new_group([1, 0])
         x = per_rank[rank].to(dev)
         dist.all_reduce(x, group=g)
-        eq(x, sum(per_rank))
+        assert_same(x, sum(per_rank))
     _check("subgroup", subgroup, res)
 
     return res

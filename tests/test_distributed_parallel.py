@@ -43,6 +43,8 @@ def _section(job, name: str) -> list[dict]:
 
 
 def _assert_matches_reference(res: list[dict]) -> None:
+    from conftest import assert_values
+
     for r in res:
         assert r["fallbacks"] == {}, r["fallbacks"]
     # data parallel: the mean of the ranks' losses is the loss of the combined batch;
@@ -50,8 +52,7 @@ def _assert_matches_reference(res: list[dict]) -> None:
     losses = [sum(x) / len(x) for x in zip(*(r["losses"] for r in res))]
     ref = res[0]["ref_losses"]
     assert len(losses) == len(ref) == STEPS
-    for a, b in zip(losses, ref):
-        assert abs(a - b) <= TOL * abs(b), (losses, ref)
+    assert_values(losses, ref, rtol=TOL, atol=0)  # values from the job
     for r in res:
         assert r["param_max_rel"] < TOL, r["param_max_rel"]
 
@@ -142,6 +143,7 @@ def test_ranks_that_fuse_different_regions_fall_back_together():
 def test_streams_events_and_storage_identity_in_process():
     # what FSDP2 needs of torch.tpu (device/streams.py) and of tpu storages (device/storage_api.py)
     import torchtpu  # noqa: F401
+    from conftest import assert_same
 
     e = torch.tpu.Event()
     e.record()
@@ -158,10 +160,10 @@ def test_streams_events_and_storage_identity_in_process():
     assert torch.zeros(2, device="tpu").untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     st = t.untyped_storage()
     st.resize_(0)  # FSDP2's free_storage: the device buffer goes
-    torch.testing.assert_close(t.cpu(), torch.zeros(6))
+    assert_same(t, torch.zeros(6))
     st.resize_(6 * 4)  # alloc_storage; then written
     t.copy_(torch.ones(6))
-    torch.testing.assert_close(v.cpu(), torch.ones(1, 3))
+    assert_same(v, torch.ones(1, 3))
     c = torch.ones(3)
     assert c.untyped_storage().data_ptr() == c.data_ptr()  # other devices untouched
 
@@ -301,28 +303,27 @@ def _dtensor(rank: int, world: int) -> dict:
     res: dict = {}
     torchtpu.reset_metrics()
 
-    def eq(a, b):
-        torch.testing.assert_close(a.cpu(), b)
+    from conftest import assert_same
 
     def shard0():
         d = distribute_tensor(x.to("tpu"), mesh, [Shard(0)])
         assert d.to_local().device.type == "tpu"
-        eq(d.to_local(), x.chunk(world, 0)[rank])
-        eq(d.full_tensor(), x)
+        assert_same(d.to_local(), x.chunk(world, 0)[rank])
+        assert_same(d.full_tensor(), x)
     _check("distribute_shard0_full_tensor", shard0, res)
 
     def shard1():
         d = distribute_tensor(x.to("tpu"), mesh, [Shard(1)])
-        eq(d.to_local(), x.chunk(world, 1)[rank])
-        eq(d.redistribute(mesh, [Shard(0)]).to_local(), x.chunk(world, 0)[rank])  # all-to-all
+        assert_same(d.to_local(), x.chunk(world, 1)[rank])
+        assert_same(d.redistribute(mesh, [Shard(0)]).to_local(), x.chunk(world, 0)[rank])  # all-to-all
     _check("redistribute_shard1_to_shard0", shard1, res)
 
     def replicate():
         d = distribute_tensor(x.to("tpu"), mesh, [Replicate()])
-        eq(d.to_local(), x)
+        assert_same(d.to_local(), x)
         s = d.redistribute(mesh, [Shard(0)])  # a local chunk
-        eq(s.to_local(), x.chunk(world, 0)[rank])
-        eq(s.redistribute(mesh, [Replicate()]).to_local(), x)  # all-gather
+        assert_same(s.to_local(), x.chunk(world, 0)[rank])
+        assert_same(s.redistribute(mesh, [Replicate()]).to_local(), x)  # all-gather
     _check("redistribute_shard_to_replicate", replicate, res)
 
     def partial():
@@ -330,8 +331,8 @@ def _dtensor(rank: int, world: int) -> dict:
         local = (x * (rank + 1)).to("tpu")
         p = DTensor.from_local(local, mesh, [Partial()])
         total = x * sum(r + 1 for r in range(world))
-        eq(p.redistribute(mesh, [Replicate()]).to_local(), total)
-        eq(p.redistribute(mesh, [Shard(0)]).to_local(), total.chunk(world, 0)[rank])
+        assert_same(p.redistribute(mesh, [Replicate()]).to_local(), total)
+        assert_same(p.redistribute(mesh, [Shard(0)]).to_local(), total.chunk(world, 0)[rank])
     _check("redistribute_partial", partial, res)
 
     def ops():
@@ -339,9 +340,9 @@ def _dtensor(rank: int, world: int) -> dict:
         b = distribute_tensor(y.to("tpu"), mesh, [Replicate()])
         c = a @ b  # row-sharded matmul: no communication
         assert c.placements == (Shard(0),), c.placements
-        eq(c.full_tensor(), x @ y)
+        assert_same(c.full_tensor(), x @ y)
         s = (a * 2 + 1).sum()  # a sharded reduction: Partial, then all-reduce
-        torch.testing.assert_close(s.full_tensor().cpu(), (x * 2 + 1).sum())
+        assert_same(s.full_tensor(), (x * 2 + 1).sum())
     _check("dtensor_ops", ops, res)
 
     def backward():
@@ -350,7 +351,7 @@ def _dtensor(rank: int, world: int) -> dict:
         (a @ w).sum().backward()
         yc = y.clone().requires_grad_()
         (x @ yc).sum().backward()
-        eq(w.grad.full_tensor(), yc.grad)
+        assert_same(w.grad.full_tensor(), yc.grad)
     _check("dtensor_backward", backward, res)
 
     return dict(checks=res, fallbacks=torchtpu.metrics()["fallback_ops"])

@@ -97,8 +97,11 @@ def _check(name, fn, results):
 
 
 def _eq(t, expect):
-    expect = torch.as_tensor(expect)
-    torch.testing.assert_close(t.cpu(), expect.to(t.dtype), rtol=0, atol=0)
+    """conftest.assert_same, exactly, against `expect` (a list, or _expect's tensor in a wider
+    dtype) cast to the result's dtype, as the collective's reduction casts."""
+    from conftest import assert_same
+
+    assert_same(t, torch.as_tensor(expect).to(t.dtype), rtol=0, atol=0)
 
 
 def _inputs(world: int, dtype: torch.dtype, n: int = 4):
@@ -342,11 +345,11 @@ def _premul_fused_regions(rank: int, world: int) -> int:
     with torchtpu.eager_mode("defer_and_fuse"):
         x = torch.ones(4, device=DEV) * (rank + 1)
         dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5))
-        x = x.cpu()
+        x.cpu()  # read back: this region ends
         out = torch.empty(2, device=DEV)
         y = torch.ones(2 * world, device=DEV) * (rank + 1)
         dist.reduce_scatter_tensor(out, y, op=dist._make_nccl_premul_sum(torch.tensor(0.25, device=DEV)))
-        out = out.cpu()
+        out.cpu()
     _eq(x, [0.5 * sum(range(1, world + 1))] * 4)
     _eq(out, [0.25 * sum(range(1, world + 1))] * 2)
     return torchtpu.metrics().get("regions_with_collectives", 0)

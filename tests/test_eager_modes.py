@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.eager import deferred
 
 
@@ -34,7 +35,7 @@ def test_defer_records_then_materializes_on_host_read(defer):
     y = (t * 2 + 1).relu().sum(0)
     assert deferred.pending_count() >= 3
     assert torchtpu.metrics()["executions"] == 0
-    torch.testing.assert_close(y.cpu(), (x * 2 + 1).relu().sum(0))
+    assert_same(y, (x * 2 + 1).relu().sum(0))
     m = torchtpu.metrics()
     assert deferred.pending_count() == 0
     assert m["regions_executed"] == 1 and m["materialize:host_read"] == 1
@@ -79,7 +80,7 @@ def test_inplace_and_views_stay_correct(defer):
     x.t()[1].fill_(-1)
     x[::2] += 1
     x.view(-1).mul_(2)
-    torch.testing.assert_close(t.cpu(), x)
+    assert_same(t, x)
 
 
 def test_dead_buffers_are_not_outputs(defer):
@@ -226,7 +227,7 @@ def test_compile_storm_replays_op_by_op(defer, churn3):
         x = torch.full((i + 2, 4), float(i), device="tpu")
         xc = torch.full((i + 2, 4), float(i))
         s = (x * 2).sum(0)
-    torch.testing.assert_close(s.cpu(), (xc * 2).sum(0))
+    assert_same(s, (xc * 2).sum(0))
     m = torchtpu.metrics()
     assert m.get("regions_replayed", 0) >= 2, m
     assert m.get("region_compiles", 0) == 0, {k: v for k, v in m.items() if "region" in k or "materialize" in k}
@@ -234,7 +235,7 @@ def test_compile_storm_replays_op_by_op(defer, churn3):
     compiles = []
     for _ in range(4):
         before = torchtpu.metrics()["compiles"]
-        torch.testing.assert_close(((x * 2).sum(0) + 1).cpu(), (xc * 2).sum(0) + 1)
+        assert_same((x * 2).sum(0) + 1, (xc * 2).sum(0) + 1)
         compiles.append(torchtpu.metrics()["compiles"] - before)
     assert compiles[1:] == [0, 0, 0], compiles
 
@@ -272,8 +273,7 @@ def test_an_op_whose_shape_keeps_changing_compiles_fast_and_stays_exact():
     for i in range(8):
         k = torch.randn(1, 2, i + 2, 8)
         kt = k.to("tpu")
-        torch.testing.assert_close((qt @ kt.transpose(-1, -2)).softmax(-1).cpu(),
-                                   (q @ k.transpose(-1, -2)).softmax(-1))
+        assert_same((qt @ kt.transpose(-1, -2)).softmax(-1), (q @ k.transpose(-1, -2)).softmax(-1))
     assert torchtpu.metrics().get("fast_compiles", 0) >= 1
 
 

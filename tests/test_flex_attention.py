@@ -8,6 +8,7 @@ from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torchtpu
+from conftest import assert_same
 
 B, H, S, E = 2, 2, 16, 8
 WINDOW = 4
@@ -116,9 +117,9 @@ def test_flex_attention_matches_sdpa(case, mode):
         out = fn(q, k, v, block_mask, score)
         (out * _weights(out)).sum().backward()
     assert out.device.type == "tpu" and out.dtype == torch.float32
-    torch.testing.assert_close(out.cpu(), want, atol=1e-5, rtol=1e-5)
+    assert_same(out, want, atol=1e-5, rtol=1e-5)
     for t, g in zip((q, k, v), want_grads):
-        torch.testing.assert_close(t.grad.cpu(), g, atol=1e-5, rtol=1e-5)
+        assert_same(t.grad, g, atol=1e-5, rtol=1e-5)
     assert torchtpu.metrics()["cpu_fallbacks"] == before
     if mode == "compile":
         assert not counters["graph_break"], dict(counters["graph_break"])
@@ -139,7 +140,7 @@ def test_flex_attention_forward_matches_cpu_flex(mode):
     torch._dynamo.reset()
     got = run("tpu", mode == "compile")
     assert got.device.type == "tpu" and got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    assert_same(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_flex_attention_gqa_and_buffer_gradient_compiled():
@@ -167,9 +168,9 @@ def test_flex_attention_gqa_and_buffer_gradient_compiled():
     torch._dynamo.reset()
     got = torch.compile(flex, backend="tpu", fullgraph=True)(*tpu, bm)
     (got * _weights(got)).sum().backward()
-    torch.testing.assert_close(got.cpu(), want.detach(), atol=1e-5, rtol=1e-5)
+    assert_same(got, want.detach(), atol=1e-5, rtol=1e-5)
     for a, b in zip(tpu, cpu):
-        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-5, rtol=1e-5)
+        assert_same(a.grad, b.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -205,8 +206,8 @@ def test_transformers_llama_flex_attention_compiled(monkeypatch):
     torch._dynamo.reset()
     got = torch.compile(model, backend="tpu")(ids.to("tpu"), labels=ids.to("tpu"))
     got.loss.backward()
-    torch.testing.assert_close(got.logits.cpu(), want.logits.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got.loss.cpu(), want.loss.detach(), atol=1e-5, rtol=1e-5)
+    assert_same(got.logits, want.logits.detach(), atol=1e-5, rtol=1e-5)
+    assert_same(got.loss, want.loss.detach(), atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4, msg=name)
+        assert_same(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
     assert torchtpu.metrics()["cpu_fallbacks"] == before

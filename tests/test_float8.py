@@ -13,7 +13,7 @@ import torch
 
 import torchtpu
 from conftest import run_in_mode as run
-from conftest import MODES
+from conftest import MODES, assert_bits, assert_values
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -26,26 +26,6 @@ def _modes_by_dtype(dtypes):
     Dynamo trace, and one dtype compiled shows the graph path; the eager modes cover every one)."""
     return [pytest.param(m, d, marks=[pytest.mark.slow] if m == "compile" and d is not dtypes[0] else [],
                          id=f"{d}-{m}") for d in dtypes for m in MODES]
-_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-             torch.float16: torch.int16}
-
-
-def bits(t):
-    """A tensor as comparable bits: one-byte floats as uint8, other floats as same-size ints."""
-    if t.dtype in F8 or t.dtype == torch.float4_e2m1fn_x2:
-        return t.view(torch.uint8)
-    if t.dtype in _INT_VIEW:
-        return t.view(_INT_VIEW[t.dtype])
-    return t
-
-
-def assert_bits(got, want):
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape)
-    g, w = bits(got), bits(want)
-    if not torch.equal(g, w):
-        bad = (g != w).nonzero().flatten()[:5]
-        raise AssertionError(f"{(g != w).sum().item()} differ, e.g. at {bad.tolist()}: "
-                             f"tpu {g.flatten()[bad].tolist()} cpu {w.flatten()[bad].tolist()}")
 
 
 def _sources():
@@ -103,8 +83,10 @@ def test_cast_from_float8_every_value(dt, mode):
             nan = want.isnan()
             assert torch.equal(got.isnan(), nan), odt
             keep = ~nan
-            assert torch.equal(bits(got)[keep], bits(want)[keep]) if odt not in (torch.complex64,) \
-                else torch.equal(got[keep], want[keep]), odt
+            if odt == torch.complex64:
+                assert torch.equal(got[keep], want[keep]), odt
+            else:
+                assert_bits(got[keep], want[keep], msg=str(odt))
         elif odt == torch.bool:
             assert torch.equal(got, want)
         else:
@@ -244,11 +226,11 @@ def test_value_ops(dt, mode):
             if name == "abs":
                 assert torch.equal(got.float()[~nan], want.float()[~nan]), name
             else:
-                assert torch.equal(bits(got)[~nan], bits(want)[~nan]), name
+                assert_bits(got[~nan], want[~nan], msg=name)
         elif want.dtype == torch.bool:
             assert_bits(got, want)
         else:
-            torch.testing.assert_close(got, want, equal_nan=True)
+            assert_values(got, want, equal_nan=True)  # run() read it back
     assert torch.equal(a.to("tpu"), a.to("tpu").clone()) == torch.equal(a, a.clone())
     assert a.to("tpu")[1].item() == a[1].item()
 
@@ -445,7 +427,7 @@ def test_torchao_quantized_linear(config, mode):
             want = cpu(x)
             got = run(mode, tpu, x)
     # the same quantized weights and scales: equal up to the rounding of the bfloat16 output
-    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+    assert_values(got, want, rtol=1.6e-2, atol=1e-2)  # run() read it back
     assert (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
 
 

@@ -9,6 +9,7 @@ import torch
 import torch._dynamo
 
 import torchtpu
+from conftest import assert_values
 
 
 def _f(x, g):
@@ -41,15 +42,13 @@ def test_generator_under_compile_draws_as_eager(mode):
     # the oracle: stock Dynamo on CPU breaks the graph at each generator= op, and the
     # compiled function's numbers and generator state are eager's
     eager, compiled, state, after = _eager_and_compiled("cpu", "eager")
-    for a, b in zip(eager, compiled):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_values(eager, compiled, rtol=0, atol=0)
     assert torch.equal(state, after)
     with torchtpu.eager_mode(mode):
         assert _graph_breaks("tpu") == _graph_breaks("cpu") > 0
         eager, compiled, state, after = _eager_and_compiled("tpu", "tpu")
-    for a, b in zip(eager, compiled):
-        # the same draws; a fused region may sum in another order than the compiled graph
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    # the same draws, read back; a fused region may sum in another order than the compiled graph
+    assert_values(eager, compiled, rtol=1e-6, atol=1e-6)
     assert torch.equal(state, after)
     assert not torch.equal(compiled[0], compiled[1])  # each call advanced the generator
     torch._dynamo.reset()

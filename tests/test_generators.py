@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import torchtpu
-from conftest import EAGER_MODES
+from conftest import EAGER_MODES, assert_values
 
 
 def _block_grads(dev, use_checkpoint, use_reentrant):
@@ -27,13 +27,11 @@ def _block_grads(dev, use_checkpoint, use_reentrant):
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_checkpoint_with_dropout_gives_the_same_gradients(mode, use_reentrant):
     # the oracle: on CPU, checkpointing does not change the gradients
-    for a, b in zip(_block_grads("cpu", False, use_reentrant), _block_grads("cpu", True, use_reentrant)):
-        torch.testing.assert_close(a, b)
+    assert_values(_block_grads("cpu", False, use_reentrant), _block_grads("cpu", True, use_reentrant))
     with torchtpu.eager_mode(mode):
         plain = _block_grads("tpu", False, use_reentrant)
         ckpt = _block_grads("tpu", True, use_reentrant)
-    for a, b in zip(plain, ckpt):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_values(plain, ckpt, rtol=0, atol=0)
     assert plain[0].abs().sum() > 0
 
 
@@ -44,7 +42,7 @@ def test_fork_rng_restores_device_state(mode):
         with torch.random.fork_rng(device_type="tpu"):
             inside = torch.rand(5, device="tpu").cpu()
         after = torch.rand(5, device="tpu").cpu()
-    torch.testing.assert_close(inside, after, rtol=0, atol=0)
+    assert_values(inside, after, rtol=0, atol=0)
 
 
 def test_rng_state_functions_like_cuda():
@@ -54,18 +52,18 @@ def test_rng_state_functions_like_cuda():
     assert state.dtype == torch.uint8 and state.device.type == "cpu"
     a = torch.randn(4, device="tpu").cpu()
     torch.tpu.set_rng_state(state)
-    torch.testing.assert_close(torch.randn(4, device="tpu").cpu(), a, rtol=0, atol=0)
+    assert_values(torch.randn(4, device="tpu"), a, rtol=0, atol=0)
     states = torch.tpu.get_rng_state_all()
     assert len(states) == torch.tpu.device_count() == 1
     b = torch.randn(4, device="tpu").cpu()
     torch.tpu.set_rng_state_all(states)
-    torch.testing.assert_close(torch.randn(4, device="tpu").cpu(), b, rtol=0, atol=0)
+    assert_values(torch.randn(4, device="tpu"), b, rtol=0, atol=0)
     torch.tpu.seed()
     s = torch.tpu.initial_seed()
     torch.tpu.manual_seed(s)
     c = torch.randn(4, device="tpu").cpu()
     torch.tpu.manual_seed(s)
-    torch.testing.assert_close(torch.randn(4, device="tpu").cpu(), c, rtol=0, atol=0)
+    assert_values(torch.randn(4, device="tpu"), c, rtol=0, atol=0)
     torch.manual_seed(11)  # seeds every device, as on CUDA
     assert torch.tpu.initial_seed() == 11
 
@@ -78,7 +76,7 @@ def test_default_generator_state_methods():
     state = g.get_state()
     a = torch.rand(3, device="tpu").cpu()
     g.set_state(state)
-    torch.testing.assert_close(torch.rand(3, device="tpu").cpu(), a, rtol=0, atol=0)
+    assert_values(torch.rand(3, device="tpu"), a, rtol=0, atol=0)
     s = g.seed()
     assert g.initial_seed() == s
 
@@ -120,10 +118,6 @@ def _draws(dev, g, every_family=False):
     return [t.cpu() for t in out]
 
 
-def _same(a, b):
-    return all(torch.equal(x, y) for x, y in zip(a, b))
-
-
 def _repeats_and_advances(mode, every_family):
     with torchtpu.eager_mode(mode):
         for dev in ("cpu", "tpu"):
@@ -135,14 +129,14 @@ def _repeats_and_advances(mode, every_family):
             second = _draws(dev, g, every_family)  # the generator advanced: different numbers
             assert not torch.equal(first[0], second[0]) and not torch.equal(first[1], second[1])
             g.manual_seed(123)
-            assert _same(_draws(dev, g, every_family), first), dev
+            assert_values(_draws(dev, g, every_family), first, rtol=0, atol=0, msg=dev)
             state = g.get_state()
             assert state.dtype == torch.uint8 and state.device.type == "cpu"
             third = _draws(dev, g, every_family)
             g.set_state(state)
-            assert _same(_draws(dev, g, every_family), third), dev
+            assert_values(_draws(dev, g, every_family), third, rtol=0, atol=0, msg=dev)
             h = g.clone_state()  # a copy with the same state draws the same, independently
-            assert _same(_draws(dev, h, every_family), _draws(dev, g, every_family)), dev
+            assert_values(_draws(dev, h, every_family), _draws(dev, g, every_family), rtol=0, atol=0, msg=dev)
             assert g.initial_seed() == 123 and g.get_state().equal(h.get_state())
 
 
@@ -181,7 +175,7 @@ def test_strict_and_defer_and_fuse_draw_the_same_numbers():
     for mode in EAGER_MODES:
         with torchtpu.eager_mode(mode):
             draws[mode] = _draws("tpu", torch.Generator(device="tpu").manual_seed(9), every_family=True)
-    assert _same(draws["strict"], draws["defer_and_fuse"])
+    assert_values(draws["strict"], draws["defer_and_fuse"], rtol=0, atol=0)
 
 
 def test_default_generator_is_a_torch_generator():

@@ -10,7 +10,9 @@ import re
 import pytest
 import torch
 
-import torchtpu
+from torch._dynamo.utils import counters
+
+from conftest import assert_same, check
 from torchtpu.ops.registry import LOWERINGS
 
 I32 = torch.int32
@@ -44,14 +46,9 @@ def _cases():
 CASES = _cases()
 
 
-def _cmp(actual, expected, rows, dtype):
-    assert actual.device.type == "tpu" and actual.dtype == expected.dtype
-    actual = actual.cpu()
-    assert actual.shape == expected.shape
-    if rows is not None:
-        actual, expected = actual[rows], expected[rows]
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(actual, expected, **tol)
+def _covered(t, rows):
+    """The rows of a result CPU defines."""
+    return t if rows is None else t[rows]
 
 
 @pytest.mark.parametrize("name,dtype", [(n, torch.float32) for n in sorted(CASES)] + [
@@ -65,11 +62,14 @@ def test_layouts_match_cpu(name, dtype, no_fallback):
         ta = a.t().contiguous().to("tpu").t()
     if b.stride() != tb.stride():
         tb = b.transpose(-2, -1).contiguous().to("tpu").transpose(-2, -1)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     got = torch._grouped_mm(ta, tb, None if offs is None else offs.to("tpu"))
-    _cmp(got, want, rows, dtype)
+    assert got.shape == want.shape
+    assert_same(_covered(got, rows), _covered(want, rows), **tol)
     # the functional API routes here too
     got = torch.nn.functional.grouped_mm(ta, tb, offs=None if offs is None else offs.to("tpu"))
-    _cmp(got, want, rows, dtype)
+    assert got.shape == want.shape
+    assert_same(_covered(got, rows), _covered(want, rows), **tol)
 
 
 def _bad_cases():
@@ -145,8 +145,7 @@ def test_2d2d_slice_lengths_checked_on_device(no_fallback):
     have one length in both operands and raises mm's error otherwise (data-dependent)."""
     a, b = torch.randn(8, 12), torch.randn(16, 8)
     ok = _offs(4, 8, 12)
-    torch.testing.assert_close(torch._grouped_mm(a.to("tpu"), b.to("tpu"), ok.to("tpu")).cpu(),
-                               torch._grouped_mm(a, b, ok), atol=1e-5, rtol=1e-5)
+    check(torch._grouped_mm, a, b, ok, atol=1e-5, rtol=1e-5)
     bad = _offs(4, 8, 16)
     msg = _cpu_error(a, b, bad, {})
     with pytest.raises(RuntimeError, match=re.escape(msg)):
@@ -159,42 +158,25 @@ def _moe(x, w1, w2, offs):
     return torch._grouped_mm(h, w2.transpose(-2, -1), offs)
 
 
-def _grad_check(fn, mode=None):
+def _moe_inputs():
+    """x, w1, w2 (the gradients checked) and offs of _moe."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(12, 8, generator=g)
     w1 = torch.randn(3, 8, 16, generator=g)
     w2 = torch.randn(3, 8, 16, generator=g)
-    offs = _offs(3, 3, 12)
-    wt = torch.randn(12, 8, generator=g)
-    cpu = [t.clone().requires_grad_() for t in (x, w1, w2)]
-    (_moe(*cpu, offs) * wt).sum().backward()
-    dev = [t.to("tpu").requires_grad_() for t in (x, w1, w2)]
-    ctx = torchtpu.eager_mode(mode) if mode else torchtpu.eager_mode(torchtpu.get_eager_mode())
-    with ctx:
-        out = fn(*dev, offs.to("tpu"))
-        (out * wt.to("tpu")).sum().backward()
-        torch.testing.assert_close(out.detach().cpu(), _moe(x, w1, w2, offs), atol=1e-4, rtol=1e-4)
-        for c, d in zip(cpu, dev):
-            torch.testing.assert_close(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+    return x, w1, w2, _offs(3, 3, 12)
 
 
 def test_backward_strict(no_fallback):
-    _grad_check(_moe, "strict")
+    check(_moe, *_moe_inputs(), grad=True, tpu_mode="strict", atol=1e-4, rtol=1e-4)
 
 
 def test_backward_defer_and_fuse(no_fallback):
-    _grad_check(_moe, "defer_and_fuse")
+    check(_moe, *_moe_inputs(), grad=True, tpu_mode="defer_and_fuse", atol=1e-4, rtol=1e-4)
 
 
 def test_backward_3d3d(no_fallback):
-    a, b = torch.randn(3, 6, 8), torch.randn(3, 8, 4)
-    w = torch.randn(3, 6, 4)
-    ca, cb = a.clone().requires_grad_(), b.clone().requires_grad_()
-    (torch._grouped_mm(ca, cb) * w).sum().backward()
-    ta, tb = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
-    (torch._grouped_mm(ta, tb) * w.to("tpu")).sum().backward()
-    torch.testing.assert_close(ta.grad.cpu(), ca.grad, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(tb.grad.cpu(), cb.grad, atol=1e-5, rtol=1e-5)
+    check(torch._grouped_mm, torch.randn(3, 6, 8), torch.randn(3, 8, 4), grad=True, atol=1e-5, rtol=1e-5)
 
 
 def test_compile_fullgraph_float32(no_fallback, monkeypatch):
@@ -204,18 +186,14 @@ def test_compile_fullgraph_float32(no_fallback, monkeypatch):
     seen = []
     fn = low.fn
     monkeypatch.setattr(low, "fn", lambda a, b, *r, **k: seen.append((a.ndim, b.ndim)) or fn(a, b, *r, **k))
-    torch._dynamo.reset()
-    f = torch.compile(_moe, backend="tpu", fullgraph=True)
-    _grad_check(f, "strict")
+    counters.clear()
+    check(_moe, *_moe_inputs(), grad=True, tpu_mode="compile", atol=1e-4, rtol=1e-4)
     assert {(2, 3), (2, 2)} <= set(seen), seen
-    g = torch.compile(lambda a, b: torch._grouped_mm(a, b), backend="tpu", fullgraph=True)
-    a, b = torch.randn(3, 6, 8), torch.randn(3, 8, 4)
-    torch.testing.assert_close(g(a.to("tpu"), b.to("tpu")).cpu(), torch._grouped_mm(a, b),
-                               atol=1e-5, rtol=1e-5)
-    h = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o), backend="tpu", fullgraph=True)
-    a, b, o = torch.randn(3, 6, 8), torch.randn(8, 12), _offs(2, 7, 12)
-    torch.testing.assert_close(h(a.to("tpu"), b.to("tpu"), o.to("tpu")).cpu(), torch._grouped_mm(a, b, o),
-                               atol=1e-5, rtol=1e-5)
+    check(lambda a, b: torch._grouped_mm(a, b), torch.randn(3, 6, 8), torch.randn(3, 8, 4), tpu_mode="compile",
+          atol=1e-5, rtol=1e-5)
+    check(lambda a, b, o: torch._grouped_mm(a, b, o), torch.randn(3, 6, 8), torch.randn(8, 12), _offs(2, 7, 12),
+          tpu_mode="compile", atol=1e-5, rtol=1e-5)
+    assert not counters["graph_break"], dict(counters["graph_break"])  # each one graph, as fullgraph=True
     torch._dynamo.reset()
 
 
@@ -251,6 +229,6 @@ def test_hf_moe_compiled_matches_cpu(no_fallback, monkeypatch):
         tmodel = model.to("tpu")
         torch._dynamo.reset()
         got = torch.compile(tmodel, backend="tpu")(input_ids=ids.to("tpu")).logits
-    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    assert_same(got, want, atol=1e-4, rtol=1e-4)
     assert (2, 3) in seen, seen
     torch._dynamo.reset()

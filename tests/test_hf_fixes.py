@@ -3,9 +3,12 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
+from conftest import assert_same
 
 
-def _grads_close(mod_cls, x, h0, **kw):
+def _grads_as_cpu(mod_cls, x, h0, **kw):
+    """The recurrent module on CPU and on tpu (the same seeded weights): output, hidden state
+    and the gradients of a loss over both for the inputs and every parameter."""
     torch.manual_seed(0)
     cpu = mod_cls(**kw)
     tpu = mod_cls(**kw)
@@ -20,12 +23,7 @@ def _grads_close(mod_cls, x, h0, **kw):
         loss = out.sin().sum() + sum((h * h).sum() for h in hn)
         grads = torch.autograd.grad(loss, [xi, *hi, *m.parameters()])
         outs.append((out, hn, grads))
-    (oc, hc, gc), (ot, ht, gt) = outs
-    torch.testing.assert_close(ot.cpu(), oc, atol=1e-5, rtol=1e-5)
-    for a, b in zip(ht, hc):
-        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
-    for a, b in zip(gt, gc):
-        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    assert_same(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -34,14 +32,14 @@ def test_lstm_fused_cell(no_fallback, bias):
     # no CPU kernel to fall back to (parakeet / nemotron ASR decoders).
     x = torch.randn(3, 5, 4)
     h0 = (torch.randn(2, 5, 6), torch.randn(2, 5, 6))
-    _grads_close(torch.nn.LSTM, x, h0, input_size=4, hidden_size=6, num_layers=2, bias=bias)
+    _grads_as_cpu(torch.nn.LSTM, x, h0, input_size=4, hidden_size=6, num_layers=2, bias=bias)
 
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_gru_fused_cell(no_fallback, bias):
     x = torch.randn(3, 5, 4)
     h0 = (torch.randn(1, 5, 6),)
-    _grads_close(torch.nn.GRU, x, h0, input_size=4, hidden_size=6, bias=bias)
+    _grads_as_cpu(torch.nn.GRU, x, h0, input_size=4, hidden_size=6, bias=bias)
 
 
 def test_lstm_cell_no_hidden_grad(no_fallback):
@@ -55,6 +53,5 @@ def test_lstm_cell_no_hidden_grad(no_fallback):
     h = (torch.randn(3, 6), torch.randn(3, 6))
     g1 = torch.autograd.grad(cell(x, h)[0].sum(), list(cell.parameters()))
     g2 = torch.autograd.grad(tcell(x.to("tpu"), tuple(t.to("tpu") for t in h))[0].sum(), list(tcell.parameters()))
-    for a, b in zip(g2, g1):
-        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    assert_same(g2, g1, atol=1e-5, rtol=1e-5)
 

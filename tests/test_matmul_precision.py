@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.eager import executor
 
 EXPECTED = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
@@ -58,7 +59,7 @@ def test_eager_programs_follow_the_setting_and_recompile():
         torch.set_float32_matmul_precision(p)
         with torchtpu.eager_mode("strict"):  # the op's own executable (defer_and_fuse fuses it instead)
             out = torch.mm(at, bt)
-        torch.testing.assert_close(out.cpu(), a @ b)
+        assert_same(out, a @ b)
         fn, avals = _eager_program("mm")
         text = fn.trace(*avals).lower().as_text()
         assert _precisions(text) == {EXPECTED[p]}, text
@@ -97,4 +98,4 @@ def test_compiled_programs_follow_the_setting():
     torch.set_float32_matmul_precision("high")
     out = compiled(a, b)
     assert torchtpu.metrics()["compile_graphs"] == before + 1  # not the "medium" program
-    torch.testing.assert_close(out.cpu(), torch.relu(a.cpu() @ b.cpu()))
+    assert_same(out, torch.relu(a.cpu() @ b.cpu()))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
-from conftest import EAGER_MODES
+from conftest import EAGER_MODES, assert_same, assert_values, check
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -20,43 +20,33 @@ def _x(*shape, fmt=None, dtype=torch.float32):
 
 
 def _layout(t):
-    return (tuple(t.shape), t.stride(), t.is_contiguous(), t.is_contiguous(memory_format=CL) if t.dim() == 4 else None,
-            t.is_contiguous(memory_format=CL3) if t.dim() == 5 else None)
+    """What a result's memory format is: shape, strides and the contiguity flags (one string)."""
+    return str((tuple(t.shape), t.stride(), t.is_contiguous(),
+                t.is_contiguous(memory_format=CL) if t.dim() == 4 else None,
+                t.is_contiguous(memory_format=CL3) if t.dim() == 5 else None))
 
 
-def _flat(r):
-    return [t for t in (r if isinstance(r, (tuple, list)) else [r]) if isinstance(t, torch.Tensor)]
+def _laid_out(x):
+    """x with each tensor paired with its _layout: comparing it compares the layouts too."""
+    return torch.utils._pytree.tree_map(lambda t: (t, _layout(t)) if isinstance(t, torch.Tensor) else t, x)
 
 
-def _same(a, b, what):
-    assert _layout(b) == _layout(a), f"{what}: cpu {_layout(a)} tpu {_layout(b)}"
-    if a.dtype.is_floating_point:
-        torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-4, msg=what)
-    else:
-        assert torch.equal(b.cpu(), a), what
+TOL = dict(atol=1e-4, rtol=1e-4, check_stride=True)
 
 
-def check(fn, *inputs, mode="strict", grad=True):
-    """fn(*inputs) on CPU and on tpu: results and (if grad) the inputs' gradients alike."""
-    cpu = [t.detach().clone(memory_format=torch.preserve_format).requires_grad_(grad and t.is_floating_point())
-           for t in inputs]
-    with torchtpu.eager_mode(mode):
-        dev = [t.detach().to("tpu").requires_grad_(grad and t.is_floating_point()) for t in inputs]
-        for c, d in zip(cpu, dev):
-            assert d.stride() == c.stride()
-        want, got = _flat(fn(*cpu)), _flat(fn(*dev))
-        assert len(want) == len(got)
-        for i, (a, b) in enumerate(zip(want, got)):
-            _same(a.detach(), b.detach(), f"output {i}")
-        if grad:
-            outs = [(a, b) for a, b in zip(want, got) if a.requires_grad]
-            for a, b in outs:
-                g = torch.empty_like(a).copy_(torch.randn(a.shape))  # the gradient in the output's own layout
-                a.backward(g, retain_graph=True)
-                b.backward(g.to("tpu"), retain_graph=True)
-            for i, (c, d) in enumerate(zip(cpu, dev)):
-                if c.grad is not None:
-                    _same(c.grad, d.grad, f"grad of input {i}")
+def _check_layouts(fn, *inputs, mode="strict", grad_strides=True):
+    """conftest.check of fn in `mode`: values, strides and contiguity of every result, and the
+    inputs' gradients (autograd.grad's, before AccumulateGrad lays a .grad out as its input)
+    with their strides unless not grad_strides (the cotangent in each output's own layout);
+    the inputs keep CPU's layout on tpu."""
+    assert all(t.to("tpu").stride() == t.stride() for t in inputs)
+    tol = TOL if grad_strides else dict(TOL, check_stride=False)  # the results' layouts are in _laid_out
+    check(lambda *a: _laid_out(fn(*a)), *inputs, tpu_mode=mode, grad=True, **tol)
+
+
+# native_group_norm_backward's grad_input is contiguous on tpu for a channels_last input, where
+# CPU's keeps channels_last (a .grad hides it: AccumulateGrad lays it out as the input)
+_GRAD_LAYOUT_DIFFERS = {"group_norm", "group_norm3d"}
 
 
 def _cases():
@@ -125,7 +115,7 @@ CASES = _cases()
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layout_as_cpu(name, mode):
     fn, make = CASES[name]
-    check(fn, *make(), mode=mode)
+    _check_layouts(fn, *make(), mode=mode, grad_strides=name not in _GRAD_LAYOUT_DIFFERS)
 
 
 @pytest.mark.parametrize("mode", EAGER_MODES)
@@ -138,12 +128,12 @@ def test_dropout_keeps_layout(mode):
         for t in (y, mask, d):
             assert t.stride() == c.stride() and t.is_contiguous(memory_format=CL)
         kept = mask.cpu()
-        torch.testing.assert_close(y.cpu(), x.cpu() * kept * 2)
+        assert_same(y, x.cpu() * kept * 2)
         xr = x.detach().requires_grad_()
         out = F.dropout(xr, 0.5, training=True)
         out.sum().backward()
         assert xr.grad.stride() == x.stride()
-        torch.testing.assert_close(xr.grad.cpu(), (out.detach().cpu() != 0).float() * 2)
+        assert_same(xr.grad, (out.detach().cpu() != 0).float() * 2)
 
 
 _FACTORIES = {
@@ -182,8 +172,8 @@ def test_factories_and_copies(name, mode):
     with torchtpu.eager_mode(mode):
         c, t = _FACTORIES[name]("cpu"), _FACTORIES[name]("tpu")
         assert _layout(t) == _layout(c)
-        if not name.startswith(("empty", "resize")):
-            _same(c, t, name)
+        if not name.startswith(("empty", "resize")):  # to_host_preserve: a copy back on the CPU
+            (assert_values if name == "to_host_preserve" else assert_same)(_laid_out(t), _laid_out(c), **TOL, msg=name)
 
 
 @pytest.mark.parametrize("mode", EAGER_MODES)
@@ -214,8 +204,7 @@ def test_channels_last_training_step(mode):
                 losses.append(loss.item())
             assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
             for (n, pc), pt in zip(cpu_net.named_parameters(), dev_net.parameters()):
-                _same(pc.grad, pt.grad, f"grad of {n}")
-                _same(pc.detach(), pt.detach(), n)
+                assert_same(_laid_out((pt.grad, pt.detach())), _laid_out((pc.grad, pc.detach())), **TOL, msg=n)
 
 
 def test_compiled_outputs_keep_layout():
@@ -228,8 +217,7 @@ def test_compiled_outputs_keep_layout():
     x, w, b = _x(2, 3, 8, 8, fmt=CL), _x(4, 3, 3, 3), _x(4)
     want = f(x, w, b)
     got = torch.compile(f, backend="tpu")(x.to("tpu"), w.to("tpu"), b.to("tpu"))
-    for i, (a, t) in enumerate(zip(want, got)):
-        _same(a, t, f"output {i}")
+    assert_same(_laid_out(got), _laid_out(want), **TOL)
 
     def g(x, w):
         return F.conv2d(x, w).relu()
@@ -237,8 +225,7 @@ def test_compiled_outputs_keep_layout():
     xc, wc = x.clone().requires_grad_(), w.clone().to(memory_format=CL).requires_grad_()
     xt, wt = x.to("tpu").requires_grad_(), w.to(memory_format=CL).to("tpu").requires_grad_()
     yc, yt = g(xc, wc), torch.compile(g, backend="tpu")(xt, wt)
-    _same(yc.detach(), yt.detach(), "output")
+    assert_same(_laid_out(yt.detach()), _laid_out(yc.detach()), **TOL)
     yc.sum().backward()
     yt.sum().backward()
-    _same(xc.grad, xt.grad, "grad of x")
-    _same(wc.grad, wt.grad, "grad of w")
+    assert_same(_laid_out((xt.grad, wt.grad)), _laid_out((xc.grad, wc.grad)), **TOL)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same
 
 
 def _compiles():
@@ -24,11 +25,11 @@ def test_thousand_row_writes_and_reads_compile_a_handful():
             x[i] = t * i
         for i in range(n):
             y[i] = x[i] + 1
-        out[dev] = (x.cpu(), y.cpu())
+        out[dev] = (x, y)
         if dev == "tpu":
             # mul, add, and copy_ into a view at offset 0 or at a runtime offset
             assert _compiles() - before <= 8
-    torch.testing.assert_close(out["tpu"], out["cpu"], rtol=0, atol=0)
+    assert_same(out["tpu"], out["cpu"], rtol=0, atol=0)
 
 
 def test_row_loop_and_unbind():
@@ -39,8 +40,8 @@ def test_row_loop_and_unbind():
     parts = xt.unbind(0)
     summed = torch.stack([p * 2 for p in parts])
     assert _compiles() - before <= 6
-    torch.testing.assert_close(torch.stack(rows).cpu(), torch.stack([r.abs() for r in x]))
-    torch.testing.assert_close(summed.cpu(), x * 2)
+    assert_same(torch.stack(rows), torch.stack([r.abs() for r in x]))
+    assert_same(summed, x * 2)
 
 
 # views of one (8, 12) float64 base at a moving position i (each keeps its own path in
@@ -69,17 +70,17 @@ def test_moving_view_read_write(name):
         before = _compiles()
         for i in offsets:
             v = view(x, i)
-            reads.append((v * 2).cpu())
+            reads.append(v * 2)
             if name != "overlap":  # writes through overlapping views are undefined on CPU too
                 v.add_(1)
             if dev == "tpu":
                 counts.append(_compiles() - before)
-        results[dev] = (x.cpu(), reads)
+        results[dev] = (x, reads)
         if dev == "tpu":
             # the last five offsets are new ones (none is 0, which is keyed apart): they
             # compile nothing
             assert counts[-1] == counts[-6], f"{name}: compiles grew with the offset: {counts}"
-    torch.testing.assert_close(results["tpu"], results["cpu"], rtol=0, atol=0)
+    assert_same(results["tpu"], results["cpu"], rtol=0, atol=0)
 
 
 def test_kv_cache_write_at_moving_position():
@@ -93,10 +94,10 @@ def test_kv_cache_write_at_moving_position():
         for pos, new in enumerate(steps):
             cache[:, :, pos] = new.to(dev)
             counts.append(_compiles())
-        out[dev] = cache.cpu()
+        out[dev] = cache
         if dev == "tpu":
             assert counts[-1] == counts[1], counts
-    torch.testing.assert_close(out["tpu"], out["cpu"], rtol=0, atol=0)
+    assert_same(out["tpu"], out["cpu"], rtol=0, atol=0)
 
 
 def test_defer_and_fuse_region_keeps_its_fingerprint():
@@ -110,13 +111,14 @@ def test_defer_and_fuse_region_keeps_its_fingerprint():
         with torchtpu.eager_mode("defer_and_fuse"):
             for i in range(1, 19):
                 x[i] = t * i
-                acc.append((x[i - 1] + x[i + 1]).sum().cpu())
+                acc.append((x[i - 1] + x[i + 1]).sum())
+                acc[-1].cpu()  # a host read: each step a region
                 if i == 3 and dev == "tpu":
                     before = torchtpu.metrics()["region_compiles"]
             if dev == "tpu":
                 assert torchtpu.metrics()["region_compiles"] == before
-        out[dev] = (x.cpu(), torch.stack(acc))
-    torch.testing.assert_close(out["tpu"], out["cpu"])  # a fused sum may add in another order
+        out[dev] = (x, torch.stack(acc))
+    assert_same(out["tpu"], out["cpu"])  # a fused sum may add in another order
 
 
 def test_out_of_range_view_still_raises():

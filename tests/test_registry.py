@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same
 from torchtpu.ops import promotion
 from torchtpu.ops.registry import ALWAYS_BOOL, DEFAULT, INT_TO_FLOAT, LOWERINGS, lower, variants_of
 from torchtpu.runtime.jaxenv import to_jax_dtype
@@ -57,7 +58,7 @@ def _outcome(fn):
     outs = out if isinstance(out, tuple) else (out,)
     rs = res if isinstance(res, tuple) else (res,)
     return ("ok", [r is o for r, o in zip(rs, outs)], resized,
-            [(o.cpu(), o.dtype, tuple(o.shape), o.stride()) for o in outs])
+            [(o, o.dtype, tuple(o.shape), o.stride()) for o in outs])
 
 
 def _x(dev, *shape, dtype=torch.float32):
@@ -96,9 +97,7 @@ def test_out_variant_matches_cpu(case):
         return
     assert got[1] == want[1] and all(got[1]), "out= returns the out tensor itself"
     assert got[2] == want[2], "CPU warns when it resizes an out= that had elements"
-    for (gv, gd, gs, gst), (wv, wd, ws, wst) in zip(got[3], want[3]):
-        assert (gd, gs, gst) == (wd, ws, wst)
-        torch.testing.assert_close(gv, wv)
+    assert_same(got[3], want[3])  # each out's values, dtype, shape and strides
 
 
 def test_inplace_variant_returns_self_and_writes_through_a_view():
@@ -108,8 +107,8 @@ def test_inplace_variant_returns_self_and_writes_through_a_view():
         col = base.t()[1]  # a strided view: column 1
         r = col.add_(_x(dev, 4), alpha=2)
         assert r is col
-        res[dev] = base.cpu()
-    torch.testing.assert_close(res["tpu"], res["cpu"])
+        res[dev] = base
+    assert_same(res["tpu"], res["cpu"])
 
 
 @pytest.mark.parametrize("dtype,value", [(torch.int64, 2.5), (torch.float16, 1e5), (torch.bool, 2)])
@@ -124,8 +123,7 @@ def test_inplace_variant_dtype_rule_matches_cpu(dtype, value):
     if want[0] == "error":
         assert got == want
     else:
-        torch.testing.assert_close(got[3][0][0], want[3][0][0])
-        assert got[3][0][1:] == want[3][0][1:]
+        assert_same(got[3], want[3])
 
 
 # --- promotion: ops/promotion.py against torch.result_type ------------------------------
@@ -233,9 +231,7 @@ def test_scalar_and_optional_tensor_operands_promote_like_cpu():
                lambda d: torch.clamp(torch.arange(4, device=d), min=torch.tensor(1.5, device=d)),
                lambda d: torch.clamp(torch.arange(4, device=d, dtype=torch.int8),
                                      max=torch.full((4,), 2, dtype=torch.int64, device=d))):
-        want, got = fn("cpu"), fn("tpu")
-        assert got.dtype == want.dtype
-        torch.testing.assert_close(got.cpu(), want)
+        assert_same(fn("tpu"), fn("cpu"))
 
 
 # --- a lowering registered after import ---------------------------------------------------
@@ -260,13 +256,10 @@ def test_late_lowering_reaches_the_dispatcher():
     assert torch._C._dispatch_has_kernel_for_dispatch_key(_OP, "PrivateUse1")
     for mode in ("strict", "defer_and_fuse"):
         before = torchtpu.metrics()
-        with torchtpu.eager_mode(mode):
-            got = [op(x.to("tpu"), y.to("tpu"), alpha).cpu() for alpha in (2, -0.5)]
+        with torchtpu.eager_mode(mode):  # read back in the mode
+            assert_same([op(x.to("tpu"), y.to("tpu"), alpha) for alpha in (2, -0.5)],
+                        [op(x, y, alpha) for alpha in (2, -0.5)], msg=mode)
         after = torchtpu.metrics()
         assert after["cpu_fallbacks"] == before["cpu_fallbacks"], mode
         if mode == "defer_and_fuse":
             assert after.get("region_ops", 0) > before.get("region_ops", 0)
-        for alpha, g in zip((2, -0.5), got):
-            want = op(x, y, alpha)
-            assert g.dtype == want.dtype, mode
-            torch.testing.assert_close(g, want)

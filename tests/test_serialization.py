@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
+from conftest import assert_same, assert_values
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -52,13 +53,13 @@ def _expected_device(saved_on: str, map_location) -> str:
     return torch.device(map_location).type
 
 
-def _same(tpu_result, cpu_result, device: str):
-    assert tpu_result.device.type == device
-    assert tpu_result.dtype == cpu_result.dtype
-    assert tpu_result.shape == cpu_result.shape
-    assert tpu_result.stride() == cpu_result.stride()
-    assert tpu_result.storage_offset() == cpu_result.storage_offset()
-    torch.testing.assert_close(tpu_result.cpu(), cpu_result, rtol=0, atol=0)
+EXACT = dict(rtol=0, atol=0, check_stride=True)  # what a load gives back: every bit, strides too
+
+
+def _with_offsets(x):
+    """Each tensor of `x` with its storage offset (a loaded view keeps CPU's), to be compared."""
+    return torch.utils._pytree.tree_map(
+        lambda t: (t, t.storage_offset()) if isinstance(t, torch.Tensor) else t, x)
 
 
 def _program(device, dtype):
@@ -74,21 +75,23 @@ def test_save_load_every_dtype(mode, dtype, map_location):
     on_cpu = _roundtrip(_program("cpu", dtype))
     on_tpu = _roundtrip(_program("tpu", dtype), map_location=map_location)
     device = _expected_device("tpu", map_location)
-    for k in ("x", "y", "row", "colT"):
-        _same(on_tpu[k], on_cpu[k], device)
-    _same(on_tpu["list"][0], on_cpu["list"][0], device)
+    if device == "tpu":
+        assert_same(_with_offsets(on_tpu), _with_offsets(on_cpu), **EXACT)
+    else:  # loaded onto the CPU
+        assert all(t.device.type == "cpu" for t in torch.utils._pytree.tree_leaves(on_tpu)
+                   if isinstance(t, torch.Tensor))
+        assert_values(_with_offsets(on_tpu), _with_offsets(on_cpu), **EXACT)
     assert on_tpu["list"][1] == 3
 
 
 def test_cpu_checkpoint_loads_onto_tpu(mode):
     x = torch.arange(6.0).reshape(2, 3)
     got = _roundtrip({"x": x, "v": x[1]}, map_location="tpu")
-    _same(got["x"], x, "tpu")
-    _same(got["v"], x[1], "tpu")
+    assert_same(_with_offsets(got), _with_offsets({"x": x, "v": x[1]}), **EXACT)
     got = _roundtrip({"x": x}, map_location=torch.device("tpu", 0))
-    _same(got["x"], x, "tpu")
+    assert_same(_with_offsets(got), _with_offsets({"x": x}), **EXACT)
     got = _roundtrip({"x": x}, map_location={"cpu": "tpu"})
-    _same(got["x"], x, "tpu")
+    assert_same(_with_offsets(got), _with_offsets({"x": x}), **EXACT)
 
 
 def test_views_share_storage_after_load(mode):
@@ -104,8 +107,7 @@ def test_views_share_storage_after_load(mode):
     cpu, cpu_same = run("cpu")
     tpu, tpu_same = run("tpu")
     assert tpu_same == cpu_same == [True] * 5
-    for k in cpu:
-        _same(tpu[k], cpu[k], "tpu")
+    assert_same(_with_offsets(tpu), _with_offsets(cpu), **EXACT)
 
 
 def test_dtype_views_of_one_storage_rejected_as_on_cpu(mode):
@@ -152,10 +154,8 @@ def test_state_dict_and_adamw_state_roundtrip(mode):
         opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
         model2.load_state_dict(ckpt["model"])
         opt2.load_state_dict(ckpt["opt"])
-        results[device] = (_steps(model2, opt2, 2, device, start=2),
-                           {k: v.cpu() for k, v in model2.state_dict().items()})
-    torch.testing.assert_close(results["tpu"][0], results["cpu"][0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=1e-4, atol=1e-5)
+        results[device] = (_steps(model2, opt2, 2, device, start=2), model2.state_dict())
+    assert_same(results["tpu"], results["cpu"], rtol=1e-4, atol=1e-5)  # the losses, then the weights
 
 
 def test_pickle_and_deepcopy(mode):
@@ -165,12 +165,13 @@ def test_pickle_and_deepcopy(mode):
         pair = pickle.loads(pickle.dumps([x, x[1]]))
         assert pair[0].device.type == device
         shared[device] = pair[0].untyped_storage().data_ptr() == pair[1].untyped_storage().data_ptr()
-        torch.testing.assert_close(pair[1].cpu(), torch.tensor([6.0, 8.0, 10.0]))
+        assert pair[1].device.type == device
+        assert_values(pair[1], torch.tensor([6.0, 8.0, 10.0]))
         model = _mlp().to(device)
         clone = copy.deepcopy(model)
         assert clone[0].weight.device.type == device
         assert clone[0].weight.data_ptr() != model[0].weight.data_ptr()
-        torch.testing.assert_close(clone[0].weight.cpu(), model[0].weight.cpu())
+        assert_values(clone[0].weight, model[0].weight)  # a copy on the same device
     assert shared["tpu"] == shared["cpu"]  # pickle keeps sharing only within one storage, alike
 
 
@@ -251,14 +252,13 @@ def test_safetensors_roundtrip(mode, tmp_path):
         fresh.register_parameter("alias", fresh[2].weight)
         missing, unexpected = safetensors_torch.load_model(fresh, mpath)
         results[device] = (type(err.value), {k: v for k, v in loaded.items()}, sorted(missing), sorted(unexpected),
-                           fresh.alias.data_ptr() == fresh[2].weight.data_ptr(), fresh[2].weight.cpu())
+                           fresh.alias.data_ptr() == fresh[2].weight.data_ptr(), fresh[2].weight.detach())
     cpu, tpu = results["cpu"], results["tpu"]
     assert tpu[0] is cpu[0]
     assert tpu[1].keys() == cpu[1].keys()
-    for k in cpu[1]:
-        _same(tpu[1][k], cpu[1][k], "tpu")
+    assert_same(_with_offsets(tpu[1]), _with_offsets(cpu[1]), **EXACT)
     assert tpu[2:5] == cpu[2:5]
-    torch.testing.assert_close(tpu[5], cpu[5])
+    assert_same(tpu[5], cpu[5])
 
 
 def test_distributed_checkpoint_single_process(mode, tmp_path):
@@ -280,7 +280,7 @@ def test_distributed_checkpoint_single_process(mode, tmp_path):
         opt2.load_state_dict(state["opt"])
         assert next(model2.parameters()).device.type == device
         results[device] = _steps(model2, opt2, 2, device, start=2)
-    torch.testing.assert_close(results["tpu"], results["cpu"], rtol=1e-4, atol=1e-5)
+    assert_values(results["tpu"], results["cpu"], rtol=1e-4, atol=1e-5)  # losses read from each device
 
 
 _RESUME = r"""
@@ -338,4 +338,4 @@ def test_checkpoint_resumes_in_fresh_process(tmp_path):
             resumed[mode] = eval(losses)
     for mode, (first, rest) in runs.items():
         assert resumed[mode] == rest, mode  # the same programs on the same device: bit for bit
-        torch.testing.assert_close(first + resumed[mode], cpu_losses, rtol=1e-4, atol=1e-5)
+        assert_values(first + resumed[mode], cpu_losses, rtol=1e-4, atol=1e-5)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import assert_same, check
 
 
 @pytest.fixture(params=["strict", "defer_and_fuse"])
@@ -17,36 +18,16 @@ def mode(request):
         yield request.param
 
 
-def _run(fn, device):
-    """(result on CPU, or the exception) of fn(device)."""
-    try:
-        out = fn(device)
-        if isinstance(out, torch.Tensor):
-            return out.cpu()
-        return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
-    except Exception as e:  # noqa: BLE001  (the outcome compared: class and message, not the traceback)
-        return _Raised(type(e), str(e))
+def _on_device(fn):
+    """fn(device) as a function of a tensor on that device: conftest.check moves the tensor,
+    so fn runs on "cpu" and on "tpu"."""
+    return lambda where: fn(where.device.type)
 
 
-class _Raised:
-    def __init__(self, cls, msg):
-        self.cls, self.msg = cls, msg
-
-    def __repr__(self):
-        return f"{self.cls.__name__}: {self.msg}"
-
-
-def _same(fn):
-    c, t = _run(fn, "cpu"), _run(fn, "tpu")
-    if isinstance(c, _Raised):
-        assert isinstance(t, _Raised), f"CPU raises {c}; tpu returned {t}"
-        assert t.cls is c.cls, (t, c)
-        assert c.msg.splitlines()[0] in t.msg, (t, c)
-        return
-    assert not isinstance(t, _Raised), f"tpu raised {t}; CPU returned {c}"
-    for a, b in zip(c if isinstance(c, list) else [c], t if isinstance(t, list) else [t]):
-        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
-        torch.testing.assert_close(b, a, equal_nan=True)
+_HERE = torch.empty(0)  # the tensor _on_device's function takes
+# check(_on_device(fn), _HERE, **OUTCOME): CPU's outcome of fn(device) is tpu's, values, dtype
+# and shape (NaN as NaN), or the exception class with CPU's first message line
+OUTCOME = dict(raises=True, equal_nan=True)
 
 
 # --- out= must have the dtype CPU's kernel requires ----------------------------------------
@@ -60,21 +41,24 @@ _DTYPES = [(torch.int64, torch.float32), (torch.float32, torch.float64), (torch.
 def test_unary_out_dtype(name, mode):
     f = getattr(torch, name)
     for src, dst in _DTYPES:
-        _same(lambda d: f(torch.tensor([1, 4, 9], dtype=src, device=d), out=torch.empty(3, dtype=dst, device=d)))
+        check(_on_device(lambda d: f(torch.tensor([1, 4, 9], dtype=src, device=d),
+                                     out=torch.empty(3, dtype=dst, device=d))), _HERE, **OUTCOME)
 
 
 @pytest.mark.parametrize("name", ["add", "mul", "maximum", "atan2", "remainder"])
 def test_binary_out_dtype(name, mode):
     f = getattr(torch, name)
     for src, dst in _DTYPES:
-        _same(lambda d: f(torch.tensor([1, 4, 9], dtype=src, device=d), torch.tensor([2, 2, 2], dtype=src, device=d),
-                          out=torch.empty(3, dtype=dst, device=d)))
+        check(_on_device(lambda d: f(torch.tensor([1, 4, 9], dtype=src, device=d),
+                                     torch.tensor([2, 2, 2], dtype=src, device=d),
+                                     out=torch.empty(3, dtype=dst, device=d))), _HERE, **OUTCOME)
 
 
 def test_nonzero_out_dtype(mode):
-    _same(lambda d: torch.nonzero(torch.tensor([1.0, 0.0, 2.0], device=d), out=torch.empty(0, device=d)))
-    _same(lambda d: torch.nonzero(torch.tensor([1.0, 0.0, 2.0], device=d),
-                                  out=torch.empty(0, dtype=torch.long, device=d)))
+    check(_on_device(lambda d: torch.nonzero(torch.tensor([1.0, 0.0, 2.0], device=d), out=torch.empty(0, device=d))),
+          _HERE, **OUTCOME)
+    check(_on_device(lambda d: torch.nonzero(torch.tensor([1.0, 0.0, 2.0], device=d),
+                                  out=torch.empty(0, dtype=torch.long, device=d))), _HERE, **OUTCOME)
 
 
 def test_out_overlapping_input_raises(mode):
@@ -90,8 +74,9 @@ def test_out_overlapping_input_raises(mode):
         return x[1:].add_(x[:-1])
 
     for fn in (take, add_expanded, add_partial):
-        _same(fn)
-    _same(lambda d: torch.ones(4, device=d).add_(torch.ones(4, device=d)))  # full overlap of self: fine
+        check(_on_device(fn), _HERE, **OUTCOME)
+    check(_on_device(lambda d: torch.ones(4, device=d).add_(torch.ones(4, device=d))),
+          _HERE, **OUTCOME)  # full overlap of self: fine
 
 
 def test_uint8_mask_indexing_warns():
@@ -162,7 +147,7 @@ def test_default_dtype_is_part_of_the_cache_key(mode):
             torch.set_default_dtype(dt)
             for c, t in zip(_default_dtype_programs("cpu"), _default_dtype_programs("tpu")):
                 assert t.dtype == c.dtype, (dt, c, t)
-                torch.testing.assert_close(t.cpu(), c)
+                assert_same(t, c)
     finally:
         torch.set_default_dtype(old)
 
@@ -173,8 +158,10 @@ def test_default_dtype_is_part_of_the_cache_key(mode):
 def test_unique_nan(mode):
     nan = float("nan")
     for x in ([1.0, nan, 2.0, nan, 1.0, 3.0], [nan, nan, nan], [2.0, 1.0]):
-        _same(lambda d: torch.unique(torch.tensor(x, device=d), return_inverse=True, return_counts=True))
-        _same(lambda d: torch.unique(torch.tensor(x, device=d), sorted=True, return_counts=True))
+        check(_on_device(lambda d: torch.unique(torch.tensor(x, device=d), return_inverse=True, return_counts=True)),
+              _HERE, **OUTCOME)
+        check(_on_device(lambda d: torch.unique(torch.tensor(x, device=d), sorted=True, return_counts=True)),
+              _HERE, **OUTCOME)
 
 
 _EXPANDS = [((5,), (1, 1, 5)), ((5,), (2, 1, 5)), ((), (1,)), ((), (3, 1)), ((1,), (1, 4)), ((3, 1), (-1, 4)),
@@ -208,7 +195,8 @@ def test_resize_memory_format():
     x = torch.arange(120.0, device="tpu").resize_(2, 3, 4, 5, memory_format=torch.channels_last)
     y = torch.arange(120.0).resize_(2, 3, 4, 5, memory_format=torch.channels_last)
     assert torch.equal(x.cpu(), y)
-    _same(lambda d: torch.empty(0, device=d).resize_(2, 3, memory_format=torch.channels_last))
+    check(_on_device(lambda d: torch.empty(0, device=d).resize_(2, 3, memory_format=torch.channels_last)),
+          _HERE, **OUTCOME)
 
 
 # --- a complex scalar into real tensors: CPU refuses most such calls in its kernels ------------
@@ -230,6 +218,6 @@ def test_complex_scalar_into_real_tensor(dtype, mode):
     keys its own signature: the first call must not decide for the other)."""
     for name, fn in _COMPLEX_INTO_REAL.items():
         try:
-            _same(lambda d: fn(torch.tensor([1.5, -2.25, 4.0], device=d).to(dtype)))
+            check(_on_device(lambda d: fn(torch.tensor([1.5, -2.25, 4.0], device=d).to(dtype))), _HERE, **OUTCOME)
         except AssertionError as err:
             raise AssertionError(f"{name}: {err}") from None

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401
+from conftest import assert_same, assert_values
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -156,7 +157,7 @@ def test_dynamo_backend_name_tpu():
     model = acc.prepare(copy.deepcopy(cpu))
     assert type(model).__name__ == "OptimizedModule" and model.weight.device.type == "tpu"
     x = torch.randn(3, 4)
-    torch.testing.assert_close(model(x.to("tpu")).cpu(), cpu(x))
+    assert_same(model(x.to("tpu")), cpu(x))
 
 
 def test_device_map_auto_places_on_tpu(saved):
@@ -168,7 +169,7 @@ def test_device_map_auto_places_on_tpu(saved):
     model = AutoModelForCausalLM.from_pretrained(saved, device_map="auto")  # planned on the CPU before
     assert {p.device for p in model.parameters()} == {torch.device("tpu", 0)}
     ids = torch.tensor([[1, 9, 13, 20]])
-    torch.testing.assert_close(model(ids.to("tpu")).logits.cpu(), pretrained(saved)(ids).logits, atol=1e-5, rtol=1e-5)
+    assert_same(model(ids.to("tpu")).logits, pretrained(saved)(ids).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_continuous_batching_sizes_cache_from_device_memory(monkeypatch):
@@ -201,7 +202,7 @@ def test_trainer_fp16_matches_cpu_autocast(tmp_path):
     assert trainer.accelerator.device.type == "tpu" and trainer.accelerator.scaler._device == "tpu"
     assert set(seen) == {torch.float16}
     assert len(losses(trainer)) == 3
-    torch.testing.assert_close(losses(trainer), losses(ref), atol=1e-4, rtol=1e-4)
+    assert_values(losses(trainer), losses(ref), atol=1e-4, rtol=1e-4)
     assert trainer.accelerator.scaler.get_scale() == ref.accelerator.scaler.get_scale()
 
 
@@ -253,7 +254,7 @@ def test_trl_sft_matches_cpu(tmp_path):
     assert tpu.args.bf16 and tpu.args.gradient_checkpointing
     assert dtypes[False] == dtypes[True] == {torch.bfloat16}  # Accelerate's bf16 autocast, on tpu as on the CPU
     assert len(losses(tpu)) == 3
-    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
+    assert_values(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
 
 
 @pytest.mark.slow
@@ -276,9 +277,9 @@ def test_trl_dpo_matches_cpu(tmp_path, saved):
 
     cpu, tpu = _both(run, tmp_path)
     assert len(losses(tpu)) == 3
-    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
+    assert_values(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
     margins = [[h["rewards/margins"] for h in t.state.log_history if "rewards/margins" in h] for t in (tpu, cpu)]
-    torch.testing.assert_close(margins[0], margins[1], atol=2e-3, rtol=1e-2)
+    assert_values(margins[0], margins[1], atol=2e-3, rtol=1e-2)
 
 
 def _shared_draws():
@@ -331,9 +332,9 @@ def test_trl_grpo_with_generate_matches_cpu(tmp_path, saved, monkeypatch):
     assert completions[False] == completions[True]
     rewards = [[h["reward"] for h in t.state.log_history if "reward" in h] for t in (tpu, cpu)]
     assert rewards[0] == rewards[1]
-    torch.testing.assert_close(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
+    assert_values(losses(tpu), losses(cpu), atol=2e-3, rtol=1e-3)  # bf16 autocast on both
     for (name, p), q in zip(tpu.model.named_parameters(), cpu.model.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=2e-2, rtol=2e-2, msg=name)
+        assert_same(p.detach(), q.detach(), atol=2e-2, rtol=2e-2, msg=name)
 
 
 @pytest.mark.slow
@@ -352,12 +353,12 @@ def test_peft_lora_with_trainer_matches_cpu(tmp_path, saved):
 
     cpu, tpu = _both(run, tmp_path)
     assert len(losses(tpu)) == 4
-    torch.testing.assert_close(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
+    assert_values(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
     trained = {n: p for n, p in tpu.model.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)
     ref = dict(cpu.model.named_parameters())
     for n, p in trained.items():
-        torch.testing.assert_close(p.detach().cpu(), ref[n].detach(), atol=1e-4, rtol=1e-4, msg=n)
+        assert_same(p.detach(), ref[n].detach(), atol=1e-4, rtol=1e-4, msg=n)
 
 
 @pytest.mark.slow
@@ -377,7 +378,7 @@ def test_trainer_torch_compile_backend_tpu_matches_cpu(tmp_path):
     assert type(tpu.model_wrapped).__name__ == "OptimizedModule"
     assert torchtpu.metrics()["compile_graphs"] > before  # the steps ran as compiled graphs
     assert len(losses(tpu)) == 4
-    torch.testing.assert_close(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
+    assert_values(losses(tpu), losses(cpu), atol=1e-4, rtol=1e-4)
 
 
 def _free_port():

@@ -21,6 +21,8 @@ import sys
 
 import pytest
 
+from conftest import assert_values
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FP32 = ("--training.mixed_precision_param", "float32")
@@ -106,11 +108,10 @@ def titan(tmp_path_factory):
     return Titan(str(tmp_path_factory.mktemp("titan")))
 
 
-def _close(got: list[dict], want: list[dict], rtol: float, what: str) -> None:
-    assert [r["step"] for r in got] == list(range(1, 11)), what
-    assert [r["step"] for r in want] == list(range(1, 11)), what
-    rel = [abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want)]
-    assert max(rel) <= rtol, f"{what}: loss relative differences per step {rel}"
+def _losses(run: list[dict]) -> dict:
+    """A run's loss per step, for conftest.assert_values (steps 1 to 10, each once)."""
+    assert [r["step"] for r in run] == list(range(1, 11)), [r["step"] for r in run]
+    return {r["step"]: r["loss"] for r in run}
 
 
 BASE = ("--config", "llama3_debug_2l", *FP32)
@@ -132,14 +133,14 @@ def test_one_process(titan, mode):
         got = titan.run("strict", 1, *STRICT, mode="strict")
     else:
         got = titan.run(mode, 1, *BASE, mode=mode)
-    _close(got, _cpu(titan), RTOL, mode)
+    assert_values(_losses(got), _losses(_cpu(titan)), rtol=RTOL, atol=0, msg=mode)
 
 
 @pytest.mark.slow
 def test_full_activation_checkpointing(titan):
     """Every block recomputed in backward: the same losses as CPU without recompute."""
     got = titan.run("full_ac", 1, "--config", "llama3_debug_2l_full_ac", *FP32, mode="strict")
-    _close(got, _cpu(titan), RTOL, "full AC")
+    assert_values(_losses(got), _losses(_cpu(titan)), rtol=RTOL, atol=0, msg="full AC")
 
 
 @pytest.mark.slow
@@ -164,7 +165,7 @@ def test_fsdp2(titan):
     """2 processes, FSDP2 over both (TorchTitan's gradient divide factor: PREMUL_SUM)."""
     want = titan.run("fsdp_cpu", 2, *BASE, *FSDP2, cpu=True)
     got = titan.run("fsdp", 2, *BASE, *FSDP2, mode="strict")
-    _close(got, want, RTOL, "FSDP2")
+    assert_values(_losses(got), _losses(want), rtol=RTOL, atol=0, msg="FSDP2")
 
 
 @pytest.mark.slow
@@ -172,7 +173,7 @@ def test_tensor_parallel(titan):
     """2 processes, tensor parallel (DTensor, sequence parallel) over both."""
     want = titan.run("tp_cpu", 2, *BASE, *TP2, cpu=True)
     got = titan.run("tp", 2, *BASE, *TP2, mode="strict")
-    _close(got, want, RTOL, "TP")
+    assert_values(_losses(got), _losses(want), rtol=RTOL, atol=0, msg="TP")
 
 
 @pytest.mark.slow
@@ -180,7 +181,7 @@ def test_bf16_mixed_precision(titan):
     """TorchTitan's default: FSDP2's bf16 parameters and compute, float32 reductions."""
     want = titan.run("bf16_cpu", 1, "--config", "llama3_debug_2l", cpu=True)
     got = titan.run("bf16", 1, "--config", "llama3_debug_2l", mode="strict")
-    _close(got, want, BF16_RTOL, "bf16")
+    assert_values(_losses(got), _losses(want), rtol=BF16_RTOL, atol=0, msg="bf16")
 
 
 # ---- fast: the launcher's own pieces -------------------------------------------------------

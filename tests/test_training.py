@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchtpu
+from conftest import assert_same, assert_values
 
 
 def _mlp():
@@ -60,11 +61,6 @@ def _data(shape, n=4):
     return [(torch.randn(*shape, generator=g), torch.randint(0, 5, (shape[0],), generator=g)) for _ in range(n)]
 
 
-def _assert_same_losses(cpu, tpu):
-    for step, (c, t) in enumerate(zip(cpu, tpu)):
-        assert abs(c - t) <= 1e-4 * abs(c) + 1e-6, f"step {step}: cpu {c} tpu {t}"
-
-
 @pytest.mark.parametrize("opt_name", ["adamw", "adam", "sgd"])
 def test_mlp_matches_cpu(opt_name):
     data = _data((16, 20))
@@ -72,7 +68,7 @@ def test_mlp_matches_cpu(opt_name):
     torchtpu.reset_metrics()
     tpu, _ = _train(_mlp, data, "tpu", opt_name=opt_name, clip=opt_name == "adam")
     assert torchtpu.metrics()["cpu_fallbacks"] == 0, torchtpu.metrics()["fallback_ops"]
-    _assert_same_losses(cpu, tpu)
+    assert_values(tpu, cpu, rtol=1e-4, atol=1e-6)  # the losses read back, step by step
 
 
 def test_cnn_matches_cpu():
@@ -81,10 +77,10 @@ def test_cnn_matches_cpu():
     torchtpu.reset_metrics()
     tpu, tm = _train(_CNN, data, "tpu")
     assert torchtpu.metrics()["cpu_fallbacks"] == 0, torchtpu.metrics()["fallback_ops"]
-    _assert_same_losses(cpu, tpu)
+    assert_values(tpu, cpu, rtol=1e-4, atol=1e-6)  # the losses read back, step by step
     # BatchNorm running statistics were updated in place on the device
-    torch.testing.assert_close(tm.bn1.running_mean.cpu(), cm.bn1.running_mean, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(tm.bn1.running_var.cpu(), cm.bn1.running_var, rtol=1e-4, atol=1e-5)
+    assert_same((tm.bn1.running_mean, tm.bn1.running_var), (cm.bn1.running_mean, cm.bn1.running_var),
+                rtol=1e-4, atol=1e-5)
     assert int(tm.bn1.num_batches_tracked.item()) == 20
 
 
@@ -126,7 +122,7 @@ def test_forward_ad_make_dual(mode):
     with torchtpu.eager_mode(mode), fwAD.dual_level():
         d = fwAD.make_dual(p.to("tpu").t(), t.to("tpu").t())
         _, tangent = fwAD.unpack_dual((d * 2).sin())
-        torch.testing.assert_close(tangent.cpu(), want)
+        assert_same(tangent, want)
         x = torch.zeros(1, 3, 3, device="tpu")
         x.copy_(fwAD.make_dual(torch.ones(3, device="tpu"), torch.full((3,), 5.0, device="tpu")))
         assert fwAD.unpack_dual(x).tangent.cpu().eq(5).all()
@@ -144,4 +140,4 @@ def test_forward_ad_copy_of_a_tpu_dual_into_a_cpu_tensor():
         non_dual.copy_(x)
         got = fwAD.unpack_dual(non_dual).tangent
         assert got is not tangent and got.device.type == "cpu"
-        torch.testing.assert_close(got, tangent.cpu())
+        assert_values(got, tangent)  # the CPU copy's tangent against the tpu one
