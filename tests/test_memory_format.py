@@ -44,8 +44,10 @@ def _check_layouts(fn, *inputs, mode="strict", grad_strides=True):
     check(lambda *a: _laid_out(fn(*a)), *inputs, tpu_mode=mode, grad=True, **tol)
 
 
-# native_group_norm_backward's grad_input is contiguous on tpu for a channels_last input, where
-# CPU's keeps channels_last (a .grad hides it: AccumulateGrad lays it out as the input)
+# group_norm's gradient for a channels_last input: PyTorch's own derivative formula
+# (derivatives.yaml, native_group_norm) makes grad and input channels_last on CPU only and
+# contiguous on every other device, CUDA as tpu, so CPU's strides are not the oracle here (a
+# .grad hides it: AccumulateGrad lays it out as the input); the values still are
 _GRAD_LAYOUT_DIFFERS = {"group_norm", "group_norm3d"}
 
 

@@ -295,11 +295,8 @@ def test_rms_norm(no_fallback):
     assert_same(gt, torch.autograd.grad(F.rms_norm(cx, [4], None, 1e-6), cx, g)[0], **F32)
 
 
-@pytest.mark.xfail(strict=True, reason="_fused_rms_norm of a bfloat16 tensor that requires grad: on tpu rstd "
-                   "comes out at bfloat16 precision, cast to float32 (grad_fn ToCopyBackward0; 0.8652 where CPU "
-                   "gives 0.8677 for [.5, -1, 2, .25]), so the output and gradients miss CPU's by 2 bfloat16 ulps")
 def test_rms_norm_bfloat16_backward(no_fallback):
-    # (test_rms_norm's old run() helper checked this on 2x4, where its cotangent happened to pass)
+    # eps=None is the epsilon of float, the type ATen computes a bfloat16 norm in, not bfloat16's
     check(lambda x: torch.ops.aten._fused_rms_norm(x, [4], None, None), rnd(64, 4, dtype=torch.bfloat16),
           grad=True, **LOW)
 

@@ -731,8 +731,8 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     axes = tuple(range(input.ndim - k, input.ndim))
     x = _up(input)
     ct = x.dtype
-    if eps is None:
-        eps = float(jnp.finfo(input.dtype).eps)
+    if eps is None:  # ATen's default: the epsilon of the type it computes in (float for bf16)
+        eps = float(jnp.finfo(ct).eps)
     rstd = lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + jnp.asarray(eps, ct))
     y = x * rstd
     if weight is not None:
