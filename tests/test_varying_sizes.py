@@ -4,7 +4,7 @@ one program per bucket of sizes; values, sizes and strides equal CPU's, in stric
 defer_and_fuse."""
 import pytest
 import torch
-from conftest import check
+from conftest import assert_values, check
 
 import torchtpu
 from torchtpu.eager import extents
@@ -233,3 +233,45 @@ def test_an_index_that_is_a_row_of_a_batch(mode):
         check(steps, torch.randn(100, 8), check_stride=True)
         _, moved = _compiles(steps, torch.randn(100, 8), served="dynamic_indices")
     assert moved > 0
+
+
+# ---- a paged-cache decode loop (continuous batching's shape of work) ----------------------
+
+
+def _paged_decode(cache, steps, dtype=torch.float32, after_step=lambda: None):
+    """Transformers' continuous batching in miniature: each step writes this step's read
+    indices (a fresh host tensor) into a row prefix of a preallocated index buffer, builds
+    the causal mask in a preallocated buffer sliced to (q, kv), gathers the keys and values
+    from the cache with index_select, repeats the kv heads for grouped-query attention
+    (expand + reshape: a contiguous copy) and attends."""
+    dev = cache.device
+    index_buf = torch.zeros(2, 96, dtype=torch.int64, device=dev)
+    mask_buf = torch.zeros(1, 1, 8, 96, dtype=dtype, device=dev)
+    g = torch.Generator().manual_seed(3)
+    outs = []
+    for kv in steps:
+        q = 4
+        index_buf[0, :kv] = torch.randperm(64, generator=g)[:kv].to(dev)
+        m = mask_buf[:, :, :q, :kv]
+        m.fill_(float("-inf"))
+        m.triu_(kv - q + 1)
+        k = torch.index_select(cache, 0, index_buf[0, :kv]).transpose(0, 1).unsqueeze(0)  # (1, 2, kv, 8)
+        k = k[:, :, None].expand(1, 2, 2, kv, 8).reshape(1, 4, kv, 8)
+        query = torch.randn(1, 4, q, 8, generator=g).to(dev)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(query, k, k * 0.5, attn_mask=m).cpu())
+        after_step()
+    return outs
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_a_paged_decode_loop_compiles_per_bucket(mode):
+    cache = torch.randn(64, 2, 8)
+    steps = [33, 36, 39, 42, 45, 48, 51, 54]  # one bucket (64) of key lengths
+    want = _paged_decode(cache, steps)
+    torchtpu.clear_caches()
+    compiled = []
+    with torchtpu.eager_mode(mode):
+        got = _paged_decode(cache.to("tpu"), steps, after_step=lambda: compiled.append(torchtpu.metrics()["compiles"]))
+    per_step = [b - a for a, b in zip(compiled, compiled[1:])]
+    assert_values(got, want, atol=1e-5, rtol=1e-5)
+    assert per_step[2:] == [0] * (len(steps) - 3), per_step

@@ -32,7 +32,7 @@ from ..ops import dynamism as rules
 from ..ops.registry import ArgInfo, Lowering
 from ..runtime import cache as _caches
 from ..runtime import leaf as _leaf
-from ..runtime import placement, storage, tensors
+from ..runtime import geometry, placement, storage, tensors
 from ..runtime.jaxenv import to_jax_dtype
 from ..runtime.storage import table
 from . import executor, extents, growth, modes
@@ -333,7 +333,15 @@ def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
     pargs, pkwargs, moved = list(args), dict(kwargs), False
     for p, d in pads:
         t = rules.get(args, kwargs, p)
-        if p == target or not isinstance(t, torch.Tensor) or t.shape[d] != info.n or t.numel() > _MAX_MOVED:
+        if p == target or not isinstance(t, torch.Tensor) or t.shape[d] != info.n:
+            continue
+        w = _window(t, d, info.bucket)
+        if w is not None:  # read in place: the bucket is a window of its own storage
+            found[p] = (d, w)
+            moved = True
+            bump("dynamic_windows")
+            continue
+        if t.numel() > _MAX_MOVED:
             continue
         entry = table.get(t.untyped_storage()._cdata)
         if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(t.dtype):
@@ -344,6 +352,23 @@ def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
         moved = True
         bump("dynamic_padded_args")
     return (tuple(pargs), pkwargs) if moved else None
+
+
+def _window(t: torch.Tensor, d: int, b: int) -> Dyn | None:
+    """`t`, a view of a bigger storage (a mask sliced to this step's keys, a row prefix of an
+    index buffer), as a dynamic tensor padded to `b` along `d` in place: the bucket's window
+    of its own storage, when that lies inside the storage. What the window holds past the
+    true extent is whatever the storage holds there; the rules never let it reach a true
+    position (and indices are pointed at row 0). None when it does not fit."""
+    entry = table.get(t.untyped_storage()._cdata) if t.device.type == "tpu" else None
+    if (entry is None or entry.buf is None or entry.dtype != to_jax_dtype(t.dtype) or t.numel() == 0
+            or t.stride(d) <= 0 or any(s < 0 for s in t.stride())):
+        return None
+    shape = list(t.shape)
+    shape[d] = b
+    if t.storage_offset() + geometry.extent_of(shape, t.stride()) > entry.numel:
+        return None
+    return Dyn(t.stride(d), t.shape[d], b, 0, None, False)
 
 
 def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
@@ -504,6 +529,12 @@ def vary_index(low: Lowering, args, kwargs):
         # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
         return args
     entry = table.get(idx.untyped_storage()._cdata)
+    window = _window(idx, dims[0], bucket(shape[dims[0]]))
+    if window is not None:  # a row prefix of an index buffer: the bucket read from its storage
+        _marked[entry] = window
+        executor.intercept("dynamic", execute)
+        bump("dynamic_indices")
+        return args
     if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(idx.dtype):
         return args  # a value of a deferred region (reading it would end the region), a view of another dtype
     bump("dynamic_indices")

@@ -411,6 +411,15 @@ class Cat(Rule):
 
 # --- indexing: an index tensor of dynamic length, or a dynamic dim the index leaves alone -----
 
+def _first_row(args, kwargs, at, ctx, n):
+    """The index at `at` with its padding pointing at row 0: a padded bucket read as a window
+    of its storage holds whatever lies past the true extent, which must not index out of range."""
+    for p, d in ctx.dims:
+        if p == at:
+            idx = get(args, kwargs, p)
+            put_arg(args, kwargs, p, jnp.where(valid(idx.shape, d, n), idx, jnp.zeros((), idx.dtype)))
+
+
 class IndexSelect(Rule):
     def plan(self, args, kwargs, dims, n):
         dim = args[1] % max(args[0].dim(), 1)
@@ -423,12 +432,20 @@ class IndexSelect(Rule):
             return Plan((None,))  # indices into the valid positions: a static result
         return Plan(((d, n),))
 
+    def apply(self, fn, ctx, n, args, kwargs):
+        _first_row(args, kwargs, (2,), ctx, n)
+        return fn(*args, **kwargs)
+
 
 class Embedding(Rule):
     def plan(self, args, kwargs, dims, n):
         if set(dims) != {(1,)}:
             return None
         return Plan(((dims[(1,)], n),))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        _first_row(args, kwargs, (1,), ctx, n)
+        return fn(*args, **kwargs)
 
 
 # --- a training step's loss and backward over a varying number of rows ------------------------

@@ -291,8 +291,13 @@ def variants_of(low: Lowering) -> list[Lowering]:
 
 def _variant(low: Lowering, op, mode: str, mutated: tuple[str, ...]) -> Lowering:
     name = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
+    args = schema_args(op)
+    runtime = {a.name for a in low.args if a.kind == "scalar"}  # `dynamic` ones included
+    for a in args:
+        if a.name in runtime:
+            a.kind = "scalar"
     return Lowering(
-        name, low.fn, op, schema_args(op), low.promote, low.promote_args, low.static,
+        name, low.fn, op, args, low.promote, low.promote_args, low.static,
         low.random, mode, mutated, functional=low,
     )
 

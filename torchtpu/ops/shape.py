@@ -89,18 +89,26 @@ def repeat(self, repeats):
     return jnp.tile(x, repeats)
 
 
-@lower("tril")
+def _triangle(x, diagonal, upper: bool, op: str):
+    if x.ndim < 2:
+        raise RuntimeError(f"{op}: input tensor must have at least 2 dimensions")
+    # the diagonal is a runtime value: a causal mask rebuilt each step with an offset that
+    # moves (kv - q + 1) compiles once, not once per offset
+    rows = lax.broadcasted_iota(jnp.int64, x.shape[-2:], 0)
+    cols = lax.broadcasted_iota(jnp.int64, x.shape[-2:], 1)
+    d = jnp.asarray(diagonal, jnp.int64)
+    keep = cols - rows >= d if upper else cols - rows <= d
+    return jnp.where(keep, x, jnp.zeros((), x.dtype))
+
+
+@lower("tril", dynamic=("diagonal",))
 def tril(self, diagonal=0):
-    if self.ndim < 2:
-        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
-    return jnp.tril(self, diagonal)
+    return _triangle(self, diagonal, False, "tril")
 
 
-@lower("triu")
+@lower("triu", dynamic=("diagonal",))
 def triu(self, diagonal=0):
-    if self.ndim < 2:
-        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
-    return jnp.triu(self, diagonal)
+    return _triangle(self, diagonal, True, "triu")
 
 
 # --- padding ---------------------------------------------------------------
