@@ -275,3 +275,23 @@ def test_a_paged_decode_loop_compiles_per_bucket(mode):
     per_step = [b - a for a, b in zip(compiled, compiled[1:])]
     assert_values(got, want, atol=1e-5, rtol=1e-5)
     assert per_step[2:] == [0] * (len(steps) - 3), per_step
+
+
+def _index_buffer_rewritten(buf, w):
+    """Rows of an index buffer read as windows (varying lengths), then written in place through
+    views of the same extent: the writes must stop at the true extent (the window's padding is
+    the buffer's own data)."""
+    buf = buf.clone()
+    outs = []
+    for n in (20, 25, 30, 35, 40, 45):
+        outs.append(torch.index_select(w, 0, buf[0, :n] % 100))
+        buf[0, :n].add_(1)
+        buf[0, :n].fill_(3)
+        outs.append(torch.index_select(w, 0, buf[0, :n]) * 1)
+    return buf, outs
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_writes_through_a_window_keep_the_rest_of_the_buffer(mode):
+    with torchtpu.eager_mode(mode):
+        check(_index_buffer_rewritten, torch.arange(2 * 96).reshape(2, 96), torch.randn(100, 4))

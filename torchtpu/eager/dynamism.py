@@ -46,12 +46,14 @@ class Dyn:
     with room for the bucket: `outer` and `inner` are the numbers of elements before and
     after the dim (stride None)."""
 
-    __slots__ = ("stride", "n", "bucket", "lower", "upper", "strict", "outer", "inner")
+    __slots__ = ("stride", "n", "bucket", "lower", "upper", "strict", "outer", "inner", "window")
 
-    def __init__(self, stride, n, bucket, lower, upper, strict=True, outer=None, inner=None):
+    def __init__(self, stride, n, bucket, lower, upper, strict=True, outer=None, inner=None, window=False):
         self.stride, self.n, self.bucket = stride, n, bucket
         self.lower, self.upper, self.strict = lower, upper, strict
         self.outer, self.inner = outer, inner
+        # a window of a storage others own (_window): read in buckets, never written past n
+        self.window = window
 
 
 _marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage entry -> Dyn
@@ -241,8 +243,9 @@ def execute(low: Lowering, args, kwargs, serve, run):
         (p0, (d0, info)), = list(found.items())[:1]
     dims = {p: d for p, (d, _) in found.items()}
     plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
-    if low.mode != "functional" and any(i.inner is not None for _, i in found.values()):
-        # a write into (or out= over) a packed tensor: on the true sizes, which it holds as is
+    if low.mode != "functional" and any(i.inner is not None or i.window for _, i in found.values()):
+        # a write into (or out= over) a packed tensor or a window: on the true sizes (a packed
+        # tensor holds them as is; past a window's true extent lies data that is not its own)
         bump("dynamic_exact")
         return serve(low, args, kwargs)
     if low.mode == "inplace" and plan not in (None, rules.EXACT) and plan.outs[0] is not None:
@@ -368,7 +371,7 @@ def _window(t: torch.Tensor, d: int, b: int) -> Dyn | None:
     shape[d] = b
     if t.storage_offset() + geometry.extent_of(shape, t.stride()) > entry.numel:
         return None
-    return Dyn(t.stride(d), t.shape[d], b, 0, None, False)
+    return Dyn(t.stride(d), t.shape[d], b, 0, None, False, window=True)
 
 
 def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
