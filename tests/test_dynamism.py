@@ -139,6 +139,21 @@ def test_cat_along_and_across_the_dim(mode):
     _check(fn, make, {0: 1}, mode)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_cat_with_a_legacy_empty_input(mode):
+    """DynamicCache's first update, torch.cat([tensor([]), keys], -2): cat skips the empty 1-D
+    input, and the result stays dynamic (it fell back to the true sizes before)."""
+    def make(n):
+        return [torch.randn(1, 2, n, 4, generator=_g(n)), torch.tensor([])]
+
+    def fn(x, empty):
+        return torch.cat([empty, x], -2), torch.cat([empty, x, x[:, :, :1] * 2], -2), torch.cat([x, empty, x], -1)
+
+    _check(fn, make, {0: 2}, mode)
+    x = torchtpu.mark_dynamic(torch.randn(1, 2, 9, 4).to("tpu"), 2, 1, 64)
+    assert torchtpu.get_dynamism(torch.cat([torch.tensor([], device="tpu"), x], -2)) == {2: (1, 64)}
+
+
 def test_cat_grows_a_cache_within_buckets():
     rows = torch.randn(40, 2, 1, 3, generator=_g(0))
     ref = rows[0]

@@ -2,13 +2,14 @@
 eager in the same run, with the varying-size policy (TORCHTPU_VARYING_AFTER,
 eager/extents.py and eager/dynamism.py) off and on.
 
-    python -m torchtpu.bench churn [--only fill,index,train,batching] [--mode strict]
+    python -m torchtpu.bench churn [--only fill,index,train,llama,batching] [--mode strict]
 
 Workloads (each from empty executable caches, run twice: cold, then warm on new sizes of
 the same ranges):
   fill      a preallocated mask filled over a growing corner, buf[:q, :q + 7].fill_, 32 sizes
   index     index_select over 32 index lengths
   train     an embedding-MLP with AdamW, 24 steps of a batch length drawn from 17..512
+  llama     fine-tuning a tiny Llama (hidden 64, 2 layers) with AdamW, 8 steps of lengths 17..512
   batching  Transformers' continuous batching (generate_batch, paged sdpa, no padding
             settings) of a tiny Llama: 8 requests x 32 new tokens, then 8 more
 
@@ -64,20 +65,45 @@ def _train(dev, sizes):
 _LLAMA = None
 
 
-def _batching(dev, sizes):
+def _tiny_llama():
     global _LLAMA
-    from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     if _LLAMA is None:
         cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
         torch.manual_seed(0)
         _LLAMA = LlamaForCausalLM(cfg).eval()
+    return _LLAMA
+
+
+def _llama(dev, sizes):
+    """Fine-tuning a tiny Llama (a copy, AdamW) on one sequence per step, its length drawn anew."""
+    import copy
+
+    model = copy.deepcopy(_tiny_llama()).train().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(sizes[0])
+    losses = []
+    for n in sizes:
+        ids = torch.randint(0, 128, (1, n), generator=g).to(dev)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [torch.stack(losses)]
+
+
+def _batching(dev, sizes):
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = _tiny_llama()
     g = torch.Generator().manual_seed(sizes[0])
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in sizes]
     gen = GenerationConfig(max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=2, pad_token_id=0)
     cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=256)
-    out = _LLAMA.to(dev).generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
+    out = model.to(dev).generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
                                         progress_bar=False)
     return [torch.tensor(out[k].generated_tokens) for k in sorted(out)]
 
@@ -91,6 +117,7 @@ WORKLOADS = {
     "fill": (_fill, list(range(1, 33)), list(range(32, 0, -1))),
     "index": (_index, list(range(1, 33)), list(range(40, 8, -1))),
     "train": (_train, _draw(17, 512, 24, 1), _draw(17, 512, 24, 2)),
+    "llama": (_llama, _draw(17, 512, 8, 1), _draw(17, 512, 8, 2)),
     "batching": (_batching, _draw(4, 24, 8, 1), _draw(4, 24, 8, 2)),
 }
 

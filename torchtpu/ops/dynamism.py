@@ -370,11 +370,16 @@ class Matmul(Rule):
 
 class Cat(Rule):
     def plan(self, args, kwargs, dims, n):
-        ts = args[0]
+        # a legacy empty 1-D input (DynamicCache's first `torch.cat([empty, keys], -2)`) is
+        # skipped by cat, here too
+        ts = [None if t.dim() == 1 and t.numel() == 0 else t for t in args[0]]
         cd = kwargs.get("dim", args[1] if len(args) > 1 else 0)
-        nd = ts[0].dim()
-        if any(t.dim() != nd for t in ts):
-            return None  # (legacy empty 1-D inputs)
+        real = [t for t in ts if t is not None]
+        if not real or any((0, j) in dims for j, t in enumerate(ts) if t is None):
+            return None
+        nd = real[0].dim()
+        if any(t.dim() != nd for t in real):
+            return None
         cd %= nd
         if len({d for d in dims.values()}) != 1:
             return None
@@ -382,13 +387,13 @@ class Cat(Rule):
         if d != cd:
             pads = []
             for j, t in enumerate(ts):
-                if (0, j) not in dims and t.dim() == nd:
+                if t is not None and (0, j) not in dims:
                     if t.shape[d] != n:
                         return None
                     if n != 1:
                         pads.append(((0, j), d))
             return Plan(((d, n),), tuple(pads), extra=(False, cd))
-        sizes = tuple(None if (0, j) in dims else t.shape[cd] for j, t in enumerate(ts))
+        sizes = tuple(None if (0, j) in dims else 0 if t is None else t.shape[cd] for j, t in enumerate(ts))
         total = sum(n if s is None else s for s in sizes)
         return Plan(((cd, total),), extra=(True, cd, sizes))
 
@@ -396,8 +401,11 @@ class Cat(Rule):
         if not ctx.extra[0]:
             return fn(*args, **kwargs)
         _, cd, sizes = ctx.extra
-        ts = list(args[0])
-        dtype = fn([lax.slice_in_dim(t, 0, 0, axis=cd) for t in ts], cd).dtype  # cat's promotion
+        legacy = [t.ndim == 1 and t.shape[0] == 0 for t in args[0]]
+        # cat's promotion, legacy empty inputs included
+        dtype = fn([t if old else lax.slice_in_dim(t, 0, 0, axis=cd) for t, old in zip(args[0], legacy)], cd).dtype
+        ts = [t for t, old in zip(args[0], legacy) if not old]
+        sizes = [z for z, old in zip(sizes, legacy) if not old]
         room = ctx.bouts[0] + sum(t.shape[cd] for t in ts)
         shape = list(ts[0].shape)
         shape[cd] = room
