@@ -69,6 +69,19 @@ def test_sdpa_is_one_fused_op_each_way_and_matches_cpu(no_fallback, case):
 
 @pytest.mark.parametrize("case", [
     dict(Hk=2, enable_gqa=True, mask="bool"),  # grouped-query heads with a mask
+    dict(Hk=2, enable_gqa=True, is_causal=True),  # a causal prefill or training step
+    dict(Hk=1, enable_gqa=True, is_causal=True, L=7, S=3),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_sdpa_grouped_query_heads_repeat_keys_for_the_fused_op(no_fallback, case):
+    """Grouped-query heads the packing cannot serve: the key/value heads repeated for their
+    queries (PyTorch's composite does the same) and the fused pair after them; the math path
+    ran 20 and more executables."""
+    case = dict(case)
+    shape = dict(B=2, H=4, L=case.pop("L", 8), S=case.pop("S", 6), E=16)
+    assert _compare(**shape, **case) == 6  # two repeats, the fused pair, two sums of the repeats
+
+
+@pytest.mark.parametrize("case", [
     dict(dropout_p=0.0, mask="float", mask_grad=True),
 ])
 def test_sdpa_calls_the_fused_op_cannot_serve_take_the_composite(no_fallback, case):

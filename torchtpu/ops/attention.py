@@ -8,9 +8,11 @@ Here it is served at the autograd key by one forward and one backward op: the CP
 flash-attention pair `_scaled_dot_product_flash_attention_for_cpu(_backward)`, whose
 derivative formula PyTorch already has, lowered below to one XLA program each.
 torch.compile's traces (fake and functional tensors) get the same pair: a compiled graph
-holds one attention op, whose lowering and dynamism rule are eager's. Calls this pair
-cannot express (dropout, a mask that needs a gradient, grouped-query heads with a mask,
-tensor subclasses such as DTensor) take PyTorch's own composite, exactly as before.
+holds one attention op, whose lowering and dynamism rule are eager's. Grouped-query heads
+(enable_gqa) are served by it too: a maskless call packs each key/value head's queries as
+rows of one head, any other repeats each key/value head for its queries first, as
+PyTorch's composite does. Calls this pair cannot express (dropout, a mask that needs a
+gradient, tensor subclasses such as DTensor) take PyTorch's own composite, as before.
 """
 from __future__ import annotations
 
@@ -137,6 +139,13 @@ def _packable_gqa(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     return g != hq and g > 0 and hq % g == 0 and value.shape[1] == g and query.shape[0] == key.shape[0]
 
 
+def _repeatable_gqa(query, key, value) -> bool:
+    if not (_plain(query) and _plain(key) and _plain(value)) or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    hq, g = query.shape[1], key.shape[1]
+    return g != hq and g > 0 and hq % g == 0 and value.shape[1] == g
+
+
 @autograd_kernel("scaled_dot_product_attention")
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
@@ -148,6 +157,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         g = key.shape[1]
         out = scaled_dot_product_attention(query.reshape(b, g, hq // g * length, e), key, value, scale=scale)
         return out.reshape(b, hq, length, value.shape[-1])
+    if enable_gqa and _repeatable_gqa(query, key, value):
+        # the rest of grouped-query attention (a causal or masked prefill, training): each
+        # key/value head repeated for its queries, as PyTorch's composite does, then the fused
+        # op forward and backward instead of the math path (and its (L, S) causal mask)
+        r = query.shape[1] // key.shape[1]
+        key, value, enable_gqa = key.repeat_interleave(r, 1), value.repeat_interleave(r, 1), False
     if not _fusable(query, key, value, attn_mask, dropout_p, is_causal):
         return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
