@@ -122,3 +122,24 @@ def test_unannotated_training_loop_compiles_per_bucket(mode):
         got_loss, got_params, programs = train("tpu")
     assert_same((got_loss, got_params), (want_loss, want_params), atol=1e-5, rtol=1e-5)
     assert programs[2:] == [0] * (len(lengths) - 2), programs
+
+
+@pytest.mark.parametrize("mode", modes(*EAGER_MODES))
+@pytest.mark.parametrize("case", ["causal", "plain", "keys_with_mask"])
+def test_attention_backward_over_varying_lengths(mode, case):
+    """The fused attention's backward keeps the rows (queries) and the keys in their buckets:
+    padded rows add nothing to the keys' gradients, padded keys are masked."""
+    def step(n, dev, mark):
+        g = _g(n)
+        rows = 8 if case == "keys_with_mask" else n
+        q = torch.randn(1, 4, rows, 8, generator=g).to(dev)
+        k, v = (torch.randn(1, 4, n, 8, generator=g).to(dev) for _ in range(2))
+        if case != "keys_with_mask":
+            q = mark(q, 2)
+        k, v = mark(k, 2), mark(v, 2)
+        xs = [t.requires_grad_() for t in (q, k, v)]
+        mask = (torch.rand(rows, n, generator=g) > 0.3).to(dev) if case == "keys_with_mask" else None
+        out = F.scaled_dot_product_attention(*xs, attn_mask=mask, is_causal=case == "causal")
+        return (out.detach(),) + torch.autograd.grad(out, xs, torch.randn(1, 4, rows, 8, generator=g).to(dev))
+
+    _over_sizes(mode, step)

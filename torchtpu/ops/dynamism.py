@@ -320,6 +320,60 @@ class Attention(Rule):
         return fn(*args, **kwargs)
 
 
+class AttentionBackward(Rule):
+    """The fused attention's backward: rows (grad_out, query, out, logsumexp) along L and keys
+    (key, value) along S, either or both dynamic. Padded rows get a zero gradient and a
+    -inf log-sum-exp (probabilities 0: they add nothing to the keys' gradients), padded keys
+    are masked as in the forward."""
+    ROWS = ((0,), (1,), (4,), (5,))
+    KEYS = ((2,), (3,))
+
+    def plan(self, args, kwargs, dims, n):
+        mask = kwargs.get("attn_mask")
+        masked = ("attn_mask",) in dims
+        if masked and dims[("attn_mask",)] != mask.dim() - 1:
+            return None
+        if any(d != 2 or p not in self.ROWS + self.KEYS for p, d in dims.items() if p != ("attn_mask",)):
+            return None
+        qd, kd = any(p in dims for p in self.ROWS), any(p in dims for p in self.KEYS)
+        if masked and not kd:
+            return None
+        pads = []
+        for on, paths in ((qd, self.ROWS), (kd, self.KEYS)):
+            for p in paths if on else ():
+                if p not in dims:
+                    if args[p[0]].shape[2] != n:
+                        return None
+                    pads.append((p, 2))
+        if mask is not None:
+            if qd and mask.dim() >= 2 and mask.shape[-2] == n and n != 1:
+                return None  # a mask padded along two dims
+            if kd and not masked and mask.shape[-1] == n and n != 1:
+                pads.append((("attn_mask",), mask.dim() - 1))
+        rows, keys = ((2, n) if qd else None), ((2, n) if kd else None)
+        return Plan((rows, keys, keys), tuple(pads), extra=(qd, kd))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        qd, kd = ctx.extra
+        if qd:
+            keep = valid(args[1].shape[:3] + (1,), 2, n)
+            for i in (0, 1, 4):
+                args[i] = jnp.where(keep, args[i], jnp.zeros((), args[i].dtype))
+            lse = args[5]
+            args[5] = jnp.where(valid(lse.shape, 2, n), lse, jnp.asarray(-jnp.inf, lse.dtype))
+        if kd:
+            keys = valid((args[2].shape[2],), 0, n)
+            mask = kwargs.get("attn_mask")
+            if mask is None:
+                mask = keys
+            elif mask.dtype == jnp.bool_:
+                mask = mask & keys
+            else:
+                mask = jnp.where(keys, mask, jnp.asarray(-jnp.inf, mask.dtype))
+            kwargs = dict(kwargs, attn_mask=mask)
+        return fn(*args, **kwargs)
+
+
 # --- matmul: a dim of the result, or the contraction (zero-filled) ----------------------------
 
 @dataclass(frozen=True)
@@ -577,6 +631,7 @@ RULES: dict[str, Rule] = {
     **_reductions(),
     "_softmax": Softmax(), "_log_softmax": Softmax(), "_safe_softmax": Softmax(),
     "_scaled_dot_product_flash_attention_for_cpu": Attention(),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": AttentionBackward(),
     "mm": Matmul((((0,), "mk"), ((1,), "kn")), "mn"),
     "bmm": Matmul((((0,), "bmk"), ((1,), "bkn")), "bmn"),
     "addmm": Matmul((((1,), "mk"), ((2,), "kn")), "mn", bias=(0,)),
