@@ -61,15 +61,10 @@ def assert_same(tpu, cpu, *, atol=None, rtol=None, equal_nan=False, check_dtype=
     want, want_spec = tree_flatten(cpu)
     assert got_spec == want_spec, f"structure: tpu {got_spec} vs cpu {want_spec}"
     for g, w in zip(got, want):
-        if not isinstance(w, (torch.Tensor, int, float, complex)):  # None, str, dtype, ...
-            assert g == w, f"tpu {g!r} vs cpu {w!r}"
-            continue
         if isinstance(w, torch.Tensor):
             assert isinstance(g, torch.Tensor) and g.device.type == device, f"not a {device} tensor: {g!r}"
-            # the result's own strides (its CPU copy is made dense)
-            assert not check_stride or g.stride() == w.stride(), f"strides: {device} {g.stride()} vs cpu {w.stride()}"
-        torch.testing.assert_close(to_cpu(g), w, atol=atol(w) if callable(atol) else atol, rtol=rtol,
-                                   equal_nan=equal_nan, check_dtype=check_dtype, msg=_headed(msg))
+    assert_values(tpu, cpu, atol=atol, rtol=rtol, equal_nan=equal_nan, check_dtype=check_dtype,
+                  check_stride=check_stride, msg=msg)
 
 
 # ---- the modes a test runs in ----------------------------------------------------------------
@@ -249,7 +244,8 @@ def inplace(fn):
 def assert_values(got, want, *, atol=None, rtol=None, equal_nan=False, check_dtype=True, check_stride=False,
                   msg=None):
     """`got` matches `want` as assert_same compares (structure, then each tensor's shape, dtype,
-    strides if check_stride, values within atol/rtol; each other leaf equal), where neither side
+    strides if check_stride, values within atol/rtol, atol perhaps a function of the reference
+    tensor; each other leaf equal), where neither side
     need be on tpu: tpu tensors on either side are read back first. For the comparisons that are
     not a tpu result against a CPU reference: two tpu results (one mode against another, before
     and after a state restore), a CPU round trip (save/load), values from a subprocess or a
@@ -265,8 +261,9 @@ def assert_values(got, want, *, atol=None, rtol=None, equal_nan=False, check_dty
             continue
         if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and check_stride:
             assert g.stride() == w.stride(), f"{head}strides: {g.stride()} vs {w.stride()}"  # before a read back
-        torch.testing.assert_close(to_cpu(g), to_cpu(w), atol=atol, rtol=rtol, equal_nan=equal_nan,
-                                   check_dtype=check_dtype, msg=_headed(msg))
+        w = to_cpu(w)
+        torch.testing.assert_close(to_cpu(g), w, atol=atol(w) if callable(atol) else atol, rtol=rtol,
+                                   equal_nan=equal_nan, check_dtype=check_dtype, msg=_headed(msg))
 
 
 def _headed(msg):

@@ -414,14 +414,6 @@ def _broadcast_shape(args, kwargs) -> list:
                                          for p in rules.tensor_paths(args, kwargs)]))
 
 
-def _contiguous(shape) -> tuple:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _results(res, plan, bouts, info, packed_shape=None):
     many = isinstance(res, (tuple, list))
     outs = list(res) if many else [res]
@@ -434,7 +426,7 @@ def _results(res, plan, bouts, info, packed_shape=None):
         od, n = spec
         if packed_shape is not None:  # r: the packed storage; the result its contiguous true tensor
             shape = packed_shape
-            out = tensors.alias(r, shape, _contiguous(shape), 0)
+            out = tensors.alias(r, shape, geometry.contiguous_strides(shape), 0)
             _marked[storage.lookup(r)] = Dyn(None, n, bouts[min(i, len(bouts) - 1)], info.lower, info.upper,
                                              info.strict, math.prod(shape[:od]), math.prod(shape[od + 1:]))
             done.append(out)

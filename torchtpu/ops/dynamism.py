@@ -307,17 +307,22 @@ class Attention(Rule):
 
     def apply(self, fn, ctx, n, args, kwargs):
         if ctx.extra[0]:
-            k = args[1]
-            keep = valid((k.shape[2],), 0, n)
-            mask = kwargs.get("attn_mask")
-            if mask is None:
-                mask = keep
-            elif mask.dtype == jnp.bool_:
-                mask = mask & keep
-            else:
-                mask = jnp.where(keep, mask, jnp.asarray(-jnp.inf, mask.dtype))
-            kwargs = dict(kwargs, attn_mask=mask)
+            kwargs = _keys_masked(kwargs, args[1].shape[2], n)
         return fn(*args, **kwargs)
+
+
+def _keys_masked(kwargs, keys: int, n):
+    """kwargs with attn_mask hiding the padded keys (past n of `keys`), as the forward and
+    backward attention rules both need: a bool mask and-ed, a float one -inf there."""
+    keep = valid((keys,), 0, n)
+    mask = kwargs.get("attn_mask")
+    if mask is None:
+        mask = keep
+    elif mask.dtype == jnp.bool_:
+        mask = mask & keep
+    else:
+        mask = jnp.where(keep, mask, jnp.asarray(-jnp.inf, mask.dtype))
+    return dict(kwargs, attn_mask=mask)
 
 
 class AttentionBackward(Rule):
@@ -362,15 +367,7 @@ class AttentionBackward(Rule):
             lse = args[5]
             args[5] = jnp.where(valid(lse.shape, 2, n), lse, jnp.asarray(-jnp.inf, lse.dtype))
         if kd:
-            keys = valid((args[2].shape[2],), 0, n)
-            mask = kwargs.get("attn_mask")
-            if mask is None:
-                mask = keys
-            elif mask.dtype == jnp.bool_:
-                mask = mask & keys
-            else:
-                mask = jnp.where(keys, mask, jnp.asarray(-jnp.inf, mask.dtype))
-            kwargs = dict(kwargs, attn_mask=mask)
+            kwargs = _keys_masked(kwargs, args[2].shape[2], n)
         return fn(*args, **kwargs)
 
 
