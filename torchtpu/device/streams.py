@@ -73,19 +73,30 @@ def install() -> None:
     torch.Stream = AnyStream
 
 
+# index -> that device's one stream. Dynamo asks for the current stream on every call of a
+# compiled function with tpu inputs (torch.accelerator.current_stream): a new Stream object
+# each time cost more than the rest of the call's bookkeeping. A stream is immutable and
+# every tpu stream is the device's one stream, so one object per device serves every ask.
+_streams: dict[int, torch.Stream] = {}
+
+
 def current_stream(device=None) -> torch.Stream:
-    return Stream(device)
+    i = _index(device)
+    s = _streams.get(i)
+    if s is None:
+        s = _streams[i] = Stream(i)
+    return s
 
 
 def default_stream(device=None) -> torch.Stream:
-    return Stream(device)
+    return current_stream(device)
 
 
 def _index(device) -> int:
     """The device index `device` names (None, "tpu" or -1: the current device)."""
     from ..runtime import placement
 
-    if device is None:
+    if device is None or device == -1:
         return placement.current()
     if isinstance(device, int):
         return placement.current() if device < 0 else placement.index_of(device, "Stream")

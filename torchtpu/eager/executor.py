@@ -25,7 +25,7 @@ from ..runtime.executables import ops as _cache
 from ..runtime.jaxenv import CARRIED as _CARRIED, CARRIED_SEEN as _CARRIED_SEEN
 from ..runtime.signature import Signature
 from . import argcheck, carried, deferred, extents, growth, memory_format, modes, scalars
-from .op_args import flatten
+from .op_args import flatten, scan
 from .op_errors import describe, user_error
 from .op_program import PACKED_DTYPES as _PACKED_DTYPES  # noqa: F401  (tests build avals with it)
 from .op_program import Compiled, abstract, build, donating, fast_compile, jit_packed, partial_writes
@@ -35,6 +35,7 @@ from .recordable import count_run
 __all__ = ["execute", "cache_size", "clear_cache", "count_run", "Compiled", "jit_packed"]
 
 
+_SPREAD = placement.SPREAD
 _signature = tuple.__new__  # a Signature without NamedTuple's Python-level __new__ (per op call)
 
 
@@ -102,7 +103,7 @@ def execute(low: Lowering, args, kwargs):
 
 
 def _execute_placed(low: Lowering, args, kwargs):
-    if placement.spread() or (kwargs and placement.names_other(kwargs.get("device"))):
+    if _SPREAD[0] or (kwargs and placement.names_other(kwargs.get("device"))):
         # more than tpu:0 in use: the call runs on its tensors' (or its device='s) device
         with placement.on(placement.call_index(low.name, args, kwargs)):
             return _execute_here(low, args, kwargs)
@@ -114,7 +115,9 @@ def _execute_here(low: Lowering, args, kwargs):
         args = vary_args(low, args, kwargs)
     if dynamic is not None:
         return dynamic(low, args, kwargs, _serve, _execute)
-    return _serve(low, args, kwargs)
+    if low.name == "cat":  # (_serve, inlined: this runs per op)
+        return growth.cat(low, args, kwargs, _execute)
+    return _execute(low, args, kwargs)
 
 
 def _serve(low: Lowering, args, kwargs):
@@ -123,8 +126,31 @@ def _serve(low: Lowering, args, kwargs):
     return _execute(low, args, kwargs)
 
 
+# A call's quick key (op_args.scan) -> its executable: a signature seen before is found
+# from its tensors' metadata without building its Signature. It holds only executables of
+# `_cache` and is emptied whenever that cache lets one go (its generation moves).
+_quick: dict = _exe_cache.register("eager quick keys", {})
+_quick_gen = [-1]
+_QUICK_MAX = 8192
+
+
 def _execute(low: Lowering, args, kwargs):
     precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
+    q = None
+    if not low.random and not _SPREAD[0]:
+        q = scan(low, args, kwargs)
+        if q is not None:
+            if _cache.generation != _quick_gen[0]:
+                _quick.clear()
+                _quick_gen[0] = _cache.generation
+            compiled = _quick.get((q[0], _checks.enabled_cell[0], torch.get_default_dtype()))
+            if compiled is not None:
+                flat = q[1]
+                if flat.offsets:
+                    flat.dyn += flat.offsets
+                hit = _launch(low, compiled, flat, args, kwargs, None, quick=True)
+                if hit is not _SLOW:
+                    return hit
     gen = None
     if low.random:  # a generator= is state, not part of the program: its seed/offset are inputs
         args, kwargs, gen = rng.split_generator(args, kwargs)
@@ -153,17 +179,35 @@ def _execute(low: Lowering, args, kwargs):
                                  memory_format.result_strides(low, args, kwargs), bucketed)
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
         _cache.admit(key, compiled)
+    res = _launch(low, compiled, flat, args, kwargs, gen)
+    if q is not None and bucketed is None and len(_quick) < _QUICK_MAX and _quick_gen[0] == _cache.generation \
+            and (low.mode != "inplace" or not extents.may_bucket(low, flat, pos, kw)):
+        _quick[(q[0], key.context[0], key.context[1])] = compiled
+    return res
+
+
+_SLOW = object()  # _launch: this hit needs the full path (state the executable lacks yet)
+
+
+def _launch(low, compiled, flat, args, kwargs, gen, quick=False):
+    """Run (strict) or record (defer_and_fuse) the call's executable. `quick`: found by the
+    quick key, so `flat` has no leaves: what needs them (the first run of the executable in
+    this mode) answers _SLOW instead."""
     compiled.used = next(clock)
     if modes.state["mode"] == "defer_and_fuse":
         if compiled.updated is None:
+            if quick:
+                return _SLOW
             try:
-                abstract(compiled, entries, low.random)
+                abstract(compiled, flat.entries, low.random)
             except Exception as err:
-                _cache.drop(key)
+                _cache.drop(compiled.key)
                 raise user_error(err, low, flat.tensors, args, kwargs) from err
-        outs = deferred.record(compiled, entries, flat.dyn, low, gen)
+        outs = deferred.record(compiled, flat.entries, flat.dyn, low, gen)
         return _finish(low, compiled, args, kwargs, outs)
-    return _run_strict(low, compiled, key, flat, args, kwargs, gen)
+    if quick and compiled.partial is None:
+        return _SLOW
+    return _run_strict(low, compiled, compiled.key, flat, args, kwargs, gen)
 
 
 def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):

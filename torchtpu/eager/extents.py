@@ -75,22 +75,39 @@ def _eligible(low) -> bool:
     return ok
 
 
-def plan(low, flat, pos, kw):
-    """(bucketed leaves, spec for op_program.build, true sizes) for an in-place call over a
-    view whose extent varies, else None (the call runs on its exact shapes)."""
-    if not AFTER or not _eligible(low):
+def _partial_target(low, flat, pos, kw):
+    """The index of the leaf an in-place call writes when it is a part of its storage of the
+    storage's own dtype (what plan() may bucket), else None."""
+    if not _eligible(low):
         return None
     targets, single = target_specs(low, pos, kw)
     if not single or not targets or targets[0] is None or targets[0][0] != TENSOR:
         return None
     ti = targets[0][1]
-    leaves = flat.leaves
-    lt = leaves[ti]
+    lt = flat.leaves[ti]
     entry = flat.entries[lt.slot]
-    shape = lt.shape
-    n = math.prod(shape)
+    n = math.prod(lt.shape)
     if n == 0 or n >= entry.numel or entry.dtype != lt.dtype:
         return None  # a whole tensor, or a view of another dtype
+    return ti
+
+
+def may_bucket(low, flat, pos, kw) -> bool:
+    """Whether calls of this signature may be bucketed by plan(), now or once their shapes
+    vary (the executor's quick path leaves them to the full one, which keeps the history)."""
+    return _partial_target(low, flat, pos, kw) is not None
+
+
+def plan(low, flat, pos, kw):
+    """(bucketed leaves, spec for op_program.build, true sizes) for an in-place call over a
+    view whose extent varies, else None (the call runs on its exact shapes)."""
+    if not AFTER:
+        return None
+    ti = _partial_target(low, flat, pos, kw)
+    if ti is None:
+        return None
+    leaves = flat.leaves
+    shape = leaves[ti].shape
     skey = (low.name, pos, kw, tuple([(lf.slot, len(lf.shape), lf.dtype, lf.flags, lf.offset is None)
                                       for lf in leaves]))
     dims = varying(_history, skey, shape)

@@ -140,6 +140,95 @@ def flatten(low: Lowering, args, kwargs) -> tuple[Flat, tuple, tuple]:
     return flat, tuple(pos), tuple(kw)
 
 
+# ---- the per-call key of a signature seen before --------------------------------------------
+
+# Values a quick key holds as they are (hashable, equal only to themselves); any other
+# non-tensor argument sends the call down the full path (flatten).
+_PLAIN = frozenset({str, torch.dtype, torch.device, torch.memory_format, torch.layout, type(None)})
+_NUMBERS = frozenset(_SCALARS)
+_BAIL = object()
+_table = _storage.table
+
+
+def scan(low: Lowering, args, kwargs):
+    """(quick key, Flat without leaves) of a call whose arguments are tpu tensors, numbers
+    and plain values; None otherwise (the caller flattens it).
+
+    The key is read straight off the tensors' metadata: no Leaf is built, no stride is
+    normalized, so it is finer than the call's Signature (two keys may share one program),
+    never coarser: everything flatten() reads of a tensor (its storage's slot, numel, dtype
+    and whether it was written, its sizes, strides, whether its offset is nonzero, dtype,
+    lazy bits) and of an argument (a runtime number's type, a static value and its type)
+    is in it. The Flat's entries, runtime scalars and offsets are in flatten()'s order."""
+    flat = Flat()
+    rt = low.runtime_scalar
+    infos = low.args
+    n = len(rt)
+    key = [low.name, low.mode]
+    for i, v in enumerate(args):
+        k = _item(v, rt[i], flat, infos[i].kind) if i < n else _item(v, False, flat, "other")
+        if k is _BAIL:
+            return None
+        key.append(k)
+    if kwargs:
+        by_name = low.arg_by_name
+        for name, v in kwargs.items():
+            info = by_name.get(name)
+            k = _item(v, rt[info[0]], flat, info[1].kind) if info is not None else _item(v, False, flat, "other")
+            if k is _BAIL:
+                return None
+            key.append((name, k))
+    return tuple(key), flat
+
+
+def _item(v, runtime: bool, flat: Flat, kind: str):
+    tv = type(v)
+    if tv in _NUMBERS:
+        if runtime:
+            flat.dyn.append(v)
+            return (complex, v.imag != 0) if tv is complex else tv
+        if v != v:  # NaN: never equal to itself, so never found again
+            return _BAIL
+        return (v, tv)
+    if isinstance(v, torch.Tensor):
+        if v.is_cpu:
+            return _BAIL
+        e = _table.get(v.untyped_storage()._cdata)
+        if e is None:
+            return _BAIL
+        k = id(e)
+        slot = flat.index.get(k)
+        spec = None
+        if slot is None:
+            slot = flat.index[k] = len(flat.entries)
+            flat.entries.append(e)
+            spec = (e.numel, e.dtype, e.buf is not None)
+        off = v.storage_offset()
+        if off:
+            flat.offsets.append(off)
+        flat.tensors.append(v)
+        return (slot, spec, v.shape, v.stride(), off != 0, v.dtype, v.is_neg(), v.is_conj())
+    if tv in _PLAIN:
+        return v
+    if tv is list or tv is tuple:
+        # flatten's rule: a list is encoded item by item when it is a runtime scalar list or
+        # holds tensors, else kept whole as a static value
+        if (kind == "scalar_list" and runtime) or kind in ("tensor_list", "opt_tensor_list") \
+                or any(isinstance(x, torch.Tensor) for x in v):
+            items = []
+            for x in v:
+                k = _item(x, runtime, flat, kind)
+                if k is _BAIL:
+                    return _BAIL
+                items.append(k)
+            return (list, tuple(items))
+        for x in v:
+            if type(x) not in _NUMBERS or x != x:
+                return _BAIL
+        return (tuple, tuple(v), tuple([type(x) for x in v]))
+    return _BAIL
+
+
 def target_specs(low: Lowering, pos, kw) -> tuple[list, bool]:
     """(the encoded tensor(s) an in-place op writes, whether it is one tensor rather than a
     list): its first mutated argument's."""

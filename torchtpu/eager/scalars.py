@@ -41,9 +41,14 @@ _EXACT_MAX = 4096
 _exact: dict = _caches.register("exact scalar packs", {})  # emptied at _EXACT_MAX
 
 
+_NONE = (None, None, None, None)  # no runtime scalars: every kind empty
+
+
 def pack_cached(values, codes) -> tuple:
     """pack() for one op's own executable: integer-only packs come from the cache."""
-    if codes and 2 not in codes and 3 not in codes:
+    if not values:
+        return _NONE
+    if 2 not in codes and 3 not in codes:
         key = (codes, tuple(values))
         got = _exact.get(key)
         if got is None:

@@ -81,6 +81,17 @@ class Lowering:
             [a.name for a in self.args] == [a.name for a in self.overload._schema.arguments])
 
     @functools.cached_property
+    def runtime_scalar(self) -> tuple[bool, ...]:
+        """Per argument: a Python number there is a runtime value of the program, not part of
+        its key (a Scalar or Tensor argument that is not `static`); read per call by eager."""
+        return tuple(a.kind in ("scalar", "scalar_list", "tensor") and a.name not in self.static
+                     for a in self.args)
+
+    @functools.cached_property
+    def arg_by_name(self) -> dict[str, tuple[int, ArgInfo]]:
+        return {a.name: (i, a) for i, a in enumerate(self.args)}
+
+    @functools.cached_property
     def returned_index(self) -> int:
         """Which argument an in-place overload returns (-1: none), read by the executor."""
         return [a.name for a in self.args].index(self.mutated[0]) if self.overload._schema.returns else -1

@@ -41,6 +41,9 @@ class Executables(dict):
         self.group = group
         self.lock = threading.Lock()
         self._counts: dict = {}  # group -> its entries
+        # moves whenever an entry goes: what maps other keys to these entries (the strict
+        # executor's quick keys) is emptied then, holding nothing this cache let go
+        self.generation = 0
         self._listeners: list[Callable[[], None]] = []
         if register:
             _cache.register(name, self)
@@ -69,13 +72,16 @@ class Executables(dict):
         """Forget one executable (it failed: its next call compiles again)."""
         with self.lock:
             gone = self.pop(key, None)
-        if gone is not None and self.group is not None:
-            self._uncount(key)
+        if gone is not None:
+            self.generation += 1
+            if self.group is not None:
+                self._uncount(key)
 
     def clear(self) -> None:
         with self.lock:
             super().clear()
             self._counts.clear()
+            self.generation += 1
         for fn in self._listeners:
             fn()
 
@@ -93,6 +99,7 @@ class Executables(dict):
             for k in victims:
                 if k in self:
                     self._uncount(k)
+        self.generation += 1
         _cache.evict(self, victims, self.lock)
 
 

@@ -16,10 +16,6 @@ from torch.autograd import profiler as _tprof
 from . import cache, program_timing
 
 
-def _profiling() -> bool:
-    return _tprof._is_profiler_enabled
-
-
 def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
            release: tuple = (), released: Callable[[], int] | None = None,
            timing: str | Callable[[], str] | None = None) -> Any:
@@ -34,7 +30,7 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
     """
     if compiling:
         cache.before_compile(what(), release)
-    t0 = _profiling() and program_timing.start()  # nonzero only under torch.profiler
+    t0 = _tprof._is_profiler_enabled and program_timing.start()  # nonzero only under torch.profiler
     try:
         out = fn(*args)
     except Exception as err:

@@ -24,6 +24,7 @@ import jax
 from . import chips, jaxenv  # noqa: F401  (jaxenv first: it runs chips.configure)
 
 _spread = [False]   # some tensor, op or current device is not tpu:0
+SPREAD = _spread    # the same cell, read per op by the executors (spread() is a call)
 _chosen = [False]   # the program has set a current device
 _devices: list = []
 
