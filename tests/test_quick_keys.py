@@ -117,3 +117,42 @@ def test_device_checks_still_fire_on_a_hit():
     # and the errors of a tensor on another device are still CPU's words
     with pytest.raises(RuntimeError, match="device"):
         x + torch.randn(5, 3)
+
+
+def test_compiled_graph_calls_told_apart():
+    """A compiled graph's calls are found by a quick key too (compile/runtime._quick_scan)."""
+    def f(x, y, k):
+        return x * y + k
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    a, b = torch.randn(6, 4), torch.randn(6, 4)
+    at, bt = to_tpu(a), to_tpu(b)
+    for _ in range(2):
+        for x, y, xt, yt in [(a, b, at, bt), (a[2:4], b[0:2], at[2:4], bt[0:2]),
+                             (a[0:2], b[0:2], at[0:2], bt[0:2]), (a, a, at, at),
+                             (a.t(), b.t(), at.t(), bt.t())]:
+            for k in (2, 3.5):
+                assert_same(g(xt, yt, k), f(x, y, k))  # (x * y + k may contract to an fma)
+        # a CPU input beside tpu ones
+        assert_same(g(at, bt, torch.tensor(2.0)), f(a, b, torch.tensor(2.0)))
+
+
+def test_compiled_graph_mutating_its_input():
+    """The quick path keeps donation as the full one decides it: a buffer someone else holds
+    (here a view's base read later) is not overwritten."""
+    def step(p, grad):
+        p.sub_(grad * 0.5)
+        return p.sum()
+
+    g = torch.compile(step, backend="tpu")
+    p_cpu, grad = torch.randn(8), torch.randn(8)
+    p = to_tpu(p_cpu.clone())
+    gt = to_tpu(grad)
+    for i in range(4):
+        kept = p.clone() if i == 2 else None
+        got = g(p, gt)
+        want = step(p_cpu, grad)
+        assert_same(got, want, rtol=1e-6, atol=1e-6)
+        assert_same(p, p_cpu, rtol=0, atol=0)
+        if kept is not None:
+            assert_same(kept, p_cpu + grad * 0.5, rtol=1e-6, atol=1e-6)
