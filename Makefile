@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v2
 
 .PHONY: demo test test-all test-defer bench venv clean
 
-# setup.py and csrc/: `pip install -e .` compiles the three C++ extensions (device generator, pinned factories, device guard)
+# setup.py and csrc/: `pip install -e .` compiles the four C++ extensions (device generator, pinned factories, device guard, call keys)
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; never a CUDA build.
@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python -m torchtpu.bench eager
 
 clean:
-	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so torchtpu/device/_pinned_factories*.so torchtpu/runtime/_device_guard*.so
+	rm -rf $(VENV) *.egg-info torchtpu/runtime/_generator*.so torchtpu/device/_pinned_factories*.so torchtpu/runtime/_device_guard*.so torchtpu/runtime/_scan*.so

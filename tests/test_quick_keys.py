@@ -156,3 +156,40 @@ def test_compiled_graph_mutating_its_input():
         assert_same(p, p_cpu, rtol=0, atol=0)
         if kept is not None:
             assert_same(kept, p_cpu + grad * 0.5, rtol=1e-6, atol=1e-6)
+
+
+def test_the_cpp_walk_keys_as_the_python_rules_say():
+    """csrc/scan.cpp and op_args.scan_python (the rules in Python) give one key per call."""
+    from torchtpu.eager import op_args
+    from torchtpu.ops.registry import LOWERINGS
+
+    a = torch.randn(4, 4, device="tpu")
+    v = a[1:3]
+    cases = [
+        ("add.Tensor", (a, v[:1]), {}),
+        ("add.Tensor", (a, a), {"alpha": 2}),
+        ("add.Tensor", (v.t(), v.t().conj()), {}),
+        ("mul.Scalar", (a, 1j), {}),
+        ("mul.Scalar", (a, 1 + 0j), {}),
+        ("mul.Scalar", (a, True), {}),
+        ("sum.dim_IntList", (a, [0], True), {}),
+        ("sum.dim_IntList", (a, [0, 1], False), {"dtype": torch.float64}),
+        ("cat", ([a, v, a], 0), {}),
+        ("_foreach_mul.Scalar", ([a, v], 2.5), {}),
+        ("_foreach_add.List", ([a, v], [v, a]), {"alpha": 3}),
+        ("add.Tensor", (a, torch.ones(4)), {}),                 # a CPU tensor: neither reads it
+        ("leaky_relu", (a, float("nan")), {}),
+    ]
+    for name, args, kwargs in cases:
+        low = LOWERINGS[name]
+        head = (low.name, low.mode)
+        got = op_args.scan(low, args, kwargs, head)
+        want = op_args.scan_python(low, args, kwargs, head)
+        assert (got is None) == (want is None), name
+        if got is None:
+            continue
+        assert got[0] == want[0] and hash(got[0]) == hash(want[0]), name
+        g, w = got[1], want[1]
+        assert (g.dyn, g.offsets) == (w.dyn, w.offsets), name
+        assert [id(e) for e in g.entries] == [id(e) for e in w.entries], name
+        assert [id(t) for t in g.tensors] == [id(t) for t in w.tensors], name

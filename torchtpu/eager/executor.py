@@ -138,12 +138,12 @@ def _execute(low: Lowering, args, kwargs):
     precision.sync(_flush_for_precision)  # float32 matmul precision: part of every jit's key
     q = None
     if not low.random and not _SPREAD[0]:
-        q = scan(low, args, kwargs)
+        q = scan(low, args, kwargs, (low.name, low.mode, _checks.enabled_cell[0], torch.get_default_dtype()))
         if q is not None:
             if _cache.generation != _quick_gen[0]:
                 _quick.clear()
                 _quick_gen[0] = _cache.generation
-            compiled = _quick.get((q[0], _checks.enabled_cell[0], torch.get_default_dtype()))
+            compiled = _quick.get(q[0])
             if compiled is not None:
                 flat = q[1]
                 if flat.offsets:
@@ -182,7 +182,7 @@ def _execute(low: Lowering, args, kwargs):
     res = _launch(low, compiled, flat, args, kwargs, gen)
     if q is not None and bucketed is None and len(_quick) < _QUICK_MAX and _quick_gen[0] == _cache.generation \
             and (low.mode != "inplace" or not extents.may_bucket(low, flat, pos, kw)):
-        _quick[(q[0], key.context[0], key.context[1])] = compiled
+        _quick[q[0]] = compiled
     return res
 
 

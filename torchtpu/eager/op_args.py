@@ -150,7 +150,18 @@ _BAIL = object()
 _table = _storage.table
 
 
-def scan(low: Lowering, args, kwargs):
+def scan(low: Lowering, args, kwargs, head):
+    """(quick key, Flat without leaves) of a call whose arguments are tpu tensors, numbers,
+    lists of them and plain values; None otherwise (the caller flattens it). `head` is the
+    key's first item. The walk is C++ (csrc/scan.cpp); scan_python states its rules and
+    serves where the extension was not built."""
+    flat = Flat()
+    key = _cscan(head, args if type(args) is tuple else tuple(args), kwargs or None, low.scan_info, _table, flat.entries, flat.offsets, flat.dyn,
+                 flat.tensors)
+    return None if key is None else (key, flat)
+
+
+def scan_python(low: Lowering, args, kwargs, head):
     """(quick key, Flat without leaves) of a call whose arguments are tpu tensors, numbers
     and plain values; None otherwise (the caller flattens it).
 
@@ -164,7 +175,7 @@ def scan(low: Lowering, args, kwargs):
     rt = low.runtime_scalar
     infos = low.args
     n = len(rt)
-    key = [low.name, low.mode]
+    key = [head]
     for i, v in enumerate(args):
         k = _item(v, rt[i], flat, infos[i].kind) if i < n else _item(v, False, flat, "other")
         if k is _BAIL:
@@ -179,6 +190,12 @@ def scan(low: Lowering, args, kwargs):
                 return None
             key.append((name, k))
     return tuple(key), flat
+
+
+try:
+    from ..runtime._scan import scan as _cscan
+except ImportError:  # (a checkout whose C++ extensions were not built: `make venv` builds them)
+    scan = scan_python  # noqa: F811
 
 
 def _item(v, runtime: bool, flat: Flat, kind: str):

@@ -40,6 +40,9 @@ class ArgInfo:
     mutable: bool
 
 
+_LIST_KINDS = {"tensor_list": 1, "opt_tensor_list": 1, "scalar_list": 2}
+
+
 @dataclass
 class Lowering:
     name: str  # "add.Tensor"
@@ -90,6 +93,15 @@ class Lowering:
     @functools.cached_property
     def arg_by_name(self) -> dict[str, tuple[int, ArgInfo]]:
         return {a.name: (i, a) for i, a in enumerate(self.args)}
+
+    @functools.cached_property
+    def scan_info(self) -> tuple:
+        """What the quick key's walk (eager/op_args.scan) reads of the schema: per position
+        whether a number is a runtime value and its list kind (0 other, 1 a tensor list,
+        2 a scalar list); the same by keyword name."""
+        kinds = tuple(_LIST_KINDS.get(a.kind, 0) for a in self.args)
+        return (self.runtime_scalar, kinds,
+                {a.name: (rt, k) for a, rt, k in zip(self.args, self.runtime_scalar, kinds)})
 
     @functools.cached_property
     def returned_index(self) -> int:
