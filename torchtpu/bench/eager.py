@@ -7,7 +7,14 @@ does), then waits for the last result; the cost per op is the best of R repeats.
 Paths: torch CPU eager; the floor, a `jax.jit` call of the same op on device arrays
 (PJRT's own dispatch from Python); tpu strict (a cache hit); defer_and_fuse recording
 (the loop alone, the region's flush and run not counted); a `torch.compile(backend="tpu")`
-graph of the op, called (guards included). Ratios are to the floor.
+graph of the op, called (guards included); "dynamo": the same torch.compile whose compiled
+function does no work (it hands back what its first call computed), i.e. Dynamo's guards and
+aot_autograd's wrappers, PyTorch's own per-call cost on these inputs; "ours" is graph minus
+that. Ratios are to the floor.
+
+Then a small GPT's training step (forward, loss, backward, AdamW), host time per step:
+torch CPU eager (its arithmetic included: a tiny model's is small), and tpu strict, defer_and_fuse (recording and the region's launch) and a
+torch.compile'd model, each issuing steps back to back with one wait at the end.
 """
 from __future__ import annotations
 
@@ -84,10 +91,85 @@ def _record(fn, x, y, iters: int, repeats: int) -> float:
     return best * 1e6
 
 
+def _dynamo_floor(fn, x, y, iters: int, repeats: int, sync) -> float:
+    """torch.compile(fn) with a compiled function that does nothing: Dynamo and aot_autograd alone."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def no_work(gm, example_inputs):
+        made = []
+
+        def run(args):
+            if not made:  # the first call runs the graph eagerly; later ones hand that back
+                made.extend(gm(*args))
+            args.clear()
+            return list(made)
+
+        run._boxed_call = True
+        return run
+
+    torch._dynamo.reset()
+    # (input mutations stay the graph's, as the tpu backend keeps them: else aot_autograd adds a copy_)
+    backend = aot_autograd(fw_compiler=no_work, keep_inference_input_mutations=True)
+    return _per_op(torch.compile(fn, backend=backend), x, y, iters, repeats, sync)
+
+
+def _train_step_host(device: str, mode: str | None, steps: int, repeats: int) -> tuple[float, int]:
+    """(host ms per training step, ATen ops per step) of a small GPT on `device`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from .models import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=128, d=64, layers=2, heads=4, max_len=32).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    idx = torch.randint(0, 128, (4, 32)).to(device)
+    target = torch.randint(0, 128, (4, 32)).to(device)
+    fwd = torch.compile(model, backend="tpu") if mode == "compile" else model
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(fwd(idx).flatten(0, 1), target.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    sync = (lambda out: out.cpu()) if device == "tpu" else (lambda out: None)
+    ctx = torchtpu.eager_mode(mode) if mode in ("strict", "defer_and_fuse") else None
+    if ctx is not None:
+        ctx.__enter__()
+    try:
+        for _ in range(3):  # compiles
+            sync(step())
+        ops = 0
+        if mode not in ("compile",):
+            with _Count():
+                sync(step())
+            ops = _Count.n
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = step()
+            best = min(best, (time.perf_counter() - t0) / steps)
+            sync(out)
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    return best * 1e3, ops
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchtpu.bench eager")
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-train", action="store_true", help="skip the training step")
     args = p.parse_args(argv)
     rows = []
     for i, (name, shape, fn, jfn) in enumerate(CASES, 1):
@@ -103,15 +185,38 @@ def main(argv=None) -> int:
         rec = _record(fn, xt, yt, args.iters, args.repeats)
         torch._dynamo.reset()
         graph = _per_op(torch.compile(fn, backend="tpu"), xt, yt, args.iters, args.repeats, _tpu_sync)
-        rows.append((name, "x".join(map(str, shape)), cpu, floor, tpu, rec, graph, compiles, fallbacks))
+        dyn = _dynamo_floor(fn, xt, yt, args.iters, args.repeats, _tpu_sync)
+        rows.append((name, "x".join(map(str, shape)), cpu, floor, tpu, rec, graph, dyn, compiles, fallbacks))
     print()
     print(f"host cost per op on XLA:{torchtpu.platform()} (us, best of {args.repeats} x {args.iters}); "
           "x: ratio to the jax.jit floor")
     hdr = (f"{'op':<11}{'shape':>8}{'torch cpu':>10}{'jax floor':>10}{'strict':>9}{'x':>5}{'d&f rec':>9}{'x':>5}"
-           f"{'graph':>8}{'x':>5}{'compiles':>9}{'fallbacks':>10}")
+           f"{'graph':>8}{'dynamo':>8}{'ours':>7}{'x':>5}{'compiles':>9}{'fallbacks':>10}")
     print(hdr)
     print("-" * len(hdr))
-    for name, shape, cpu, floor, tpu, rec, graph, comp, fb in rows:
+    for name, shape, cpu, floor, tpu, rec, graph, dyn, comp, fb in rows:
         print(f"{name:<11}{shape:>8}{cpu:>10.1f}{floor:>10.1f}{tpu:>9.1f}{tpu / floor:>5.1f}{rec:>9.1f}"
-              f"{rec / floor:>5.1f}{graph:>8.1f}{graph / floor:>5.1f}{comp:>9}{fb:>10}")
+              f"{rec / floor:>5.1f}{graph:>8.1f}{dyn:>8.1f}{graph - dyn:>7.1f}{(graph - dyn) / floor:>5.1f}"
+              f"{comp:>9}{fb:>10}")
+    if args.no_train:
+        return 0
+    print()
+    print("[train] a small GPT's training step (TinyGPT d=64, 2 layers, batch 4x32, AdamW) ...", flush=True)
+    steps = max(2, args.iters // 30)
+    train = []
+    for label, device, mode in [("torch cpu", "cpu", None), ("tpu strict", "tpu", "strict"), ("tpu defer_and_fuse", "tpu", "defer_and_fuse"),
+                                ("tpu torch.compile", "tpu", "compile")]:
+        print(f"  {label} ...", flush=True)
+        ms, ops = _train_step_host(device, mode, steps, args.repeats)
+        train.append((label, ms, ops))
+    cpu_ms = train[0][1]
+    print()
+    print(f"host time per training step (ms, best of {args.repeats} x {steps} steps, one wait at the end; "
+          "torch cpu's includes its arithmetic)")
+    hdr = f"{'path':<28}{'ms/step':>9}{'ops/step':>10}{'us/op':>8}{'x cpu':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    for label, ms, ops in train:
+        per_op = f"{ms * 1e3 / ops:>8.1f}" if ops else f"{'':>8}"
+        print(f"{label:<28}{ms:>9.2f}{ops if ops else '':>10}{per_op}{ms / cpu_ms:>7.1f}")
     return 0

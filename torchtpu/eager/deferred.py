@@ -40,6 +40,7 @@ from .op_program import fast_options
 from .recordable import Recordable, RecordedOp, count_run
 
 _lock = threading.RLock()
+_SPREAD = placement.SPREAD
 MAX_OPS = startup.defer_max_ops
 
 
@@ -120,7 +121,7 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
     """Record one op over storage `entries` with runtime scalars `dyn`; returns its
     outputs (new tensors over Pending buffers; None for an in-place op). A random op
     draws from `generator` (the default generator when None)."""
-    if placement.spread():  # a region runs on one device: an op on another starts a new one
+    if _SPREAD[0]:  # a region runs on one device: an op on another starts a new one
         index = placement.active_index()
         if _graph.nodes and _graph.device != index:
             flush("device_changed")

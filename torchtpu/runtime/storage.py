@@ -38,6 +38,7 @@ class Entry:
 
 
 table: dict[int, Entry] = {}
+_SPREAD = placement.SPREAD
 inflight.set_live_buffers(lambda: [e.buf for e in list(table.values())])
 # Reentrant: _release runs from a weakref callback, which a garbage collection can start
 # on this thread while it holds the lock (a plain Lock would deadlock there).
@@ -135,7 +136,7 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     storage = t.untyped_storage()
     key = storage._cdata
     entry = Entry(numel, dtype, buf)
-    if placement.spread():
+    if _SPREAD[0]:
         entry.index = storage.device.index
     # A plain weakref callback (cheaper than weakref.finalize); the entry keeps the
     # weakref alive for as long as the table holds the entry. `_release` is bound as a
@@ -143,10 +144,10 @@ def attach(t: torch.Tensor, numel: int, dtype: np.dtype, buf=None) -> Entry:
     entry.watch = weakref.ref(storage, lambda _, key=key, entry=entry, release=_release: release(key, entry))
     with _lock:
         table[key] = entry
-        st = _of(entry.index)
-        st["allocated"] += entry.nbytes
-        if st["allocated"] > st["peak"]:
-            st["peak"] = st["allocated"]
+        st = _stats[0] if not entry.index else _of(entry.index)
+        a = st["allocated"] = st["allocated"] + entry.nbytes
+        if a > st["peak"]:
+            st["peak"] = a
     return entry
 
 

@@ -6,9 +6,12 @@ import math
 import torch
 
 from . import placement, storage
-from .jaxenv import to_jax_dtype
+from .jaxenv import CARRIED, TORCH_TO_JAX, to_jax_dtype
 
 _create_on_0 = torch._C._acc.create_empty_tensor
+_SPREAD = placement.SPREAD
+# dtypes stored as themselves (not CARRIED on another type: to_jax_dtype notes those)
+_PLAIN = {t: j for t, j in TORCH_TO_JAX.items() if t not in CARRIED}
 
 
 def _create(shape, dtype):
@@ -28,19 +31,16 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 def empty(shape, dtype: torch.dtype, buf=None, strides=None) -> torch.Tensor:
     """A new dense tpu tensor; `buf` is its flat jax buffer (None: not yet written), laid
     out contiguously or, given `strides` (a permutation of them: channels_last), in their order."""
-    shape = tuple(shape)
-    t = _create(shape, dtype)
-    storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
-    if strides is not None:
-        _set_storage.redispatch(META, t, t.untyped_storage(), 0, list(shape), list(strides))
-    return t
+    return empty_with_entry(shape, dtype, buf, strides)[0]
 
 
 def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
     """empty() and its storage entry (for the caller that writes the entry's buffer later)."""
     shape = tuple(shape)
-    t = _create(shape, dtype)
-    entry = storage.attach(t, math.prod(shape), to_jax_dtype(dtype), buf)
+    # (this runs for every result of every op: the plain case without a call of its own)
+    t = _create_on_0(shape, dtype) if not _SPREAD[0] else _create(shape, dtype)
+    jdt = _PLAIN.get(dtype)
+    entry = storage.attach(t, math.prod(shape), jdt if jdt is not None else to_jax_dtype(dtype), buf)
     if strides is not None:
         _set_storage.redispatch(META, t, t.untyped_storage(), 0, list(shape), list(strides))
     return t, entry
