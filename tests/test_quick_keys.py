@@ -102,7 +102,7 @@ def test_modes_and_evictions_between_hits():
             for _ in range(2):
                 assert_same(at * bt - at, a * b - a)  # (a fused region may contract to an fma)
         torchtpu.clear_caches()  # every executable goes: the quick keys with them
-        assert executor._quick == {} or executor._quick_gen[0] != executor._cache.generation
+        assert executor._cache.by_quick_key == {}
 
 
 @torchtpu.eager_mode("strict")

@@ -135,10 +135,6 @@ class CompiledGraph:
                 else:
                     first[n] = pos
         self._jits = executables.graph_programs(self.label)
-        # quick key of a call (_quick_scan) -> its program in _jits, emptied when _jits lets
-        # one go (its generation moves)
-        self._quick: dict = {}
-        self._quick_gen = self._jits.generation
         self._lock = threading.Lock()
         # A graph over sizes Dynamo made symbolic that appends to an input and returns it
         # (a decode step over a cache growing each token), or that gets an input with a
@@ -279,11 +275,7 @@ class CompiledGraph:
         if q is not None:
             qkey, bufs, entries, offsets = q
             donate = _donatable(mutated, bufs, entries) if mutated else ()
-            jits = self._jits
-            if jits.generation != self._quick_gen:  # a program went: so do the keys naming it
-                self._quick.clear()
-                self._quick_gen = jits.generation
-            got = self._quick.get((qkey, donate, context))
+            got = self._jits.by_quick_key.get((qkey, donate, context))
         if got is not None:
             bump("cache_hits")
             offsets = np.asarray(offsets, np.int64) if offsets else ()
@@ -325,8 +317,8 @@ class CompiledGraph:
                                 [None if i in donate else b for i, b in enumerate(bufs)], host_values, offsets)
         else:
             bump("cache_hits")
-        if q is not None and self._quick_gen == self._jits.generation and len(self._quick) < _QUICK_MAX:
-            self._quick[(q[0], donate, context)] = got
+        if q is not None:
+            self._jits.remember((q[0], donate, context), key, got)
         return self._run(got, args, bufs, entries, offsets, donate, host_values, host_outs)
 
     def _run(self, got, args, bufs, entries, offsets, donate, host_values, host_outs):
@@ -413,7 +405,6 @@ class CompiledGraph:
 
 # how _run hands out each output (CompiledGraph._out_plan)
 _FRESH, _INPUT, _OUTPUT, _VIEW, _HOST_OUT, _TO_CPU, _NUMBER, _NONE = range(8)
-_QUICK_MAX = 1024
 _ArrayImpl = type(jnp.zeros(()))
 
 

@@ -126,12 +126,9 @@ def _serve(low: Lowering, args, kwargs):
     return _execute(low, args, kwargs)
 
 
-# A call's quick key (op_args.scan) -> its executable: a signature seen before is found
-# from its tensors' metadata without building its Signature. It holds only executables of
-# `_cache` and is emptied whenever that cache lets one go (its generation moves).
-_quick: dict = _exe_cache.register("eager quick keys", {})
-_quick_gen = [-1]
-_QUICK_MAX = 8192
+# A call's quick key (op_args.scan) finds a signature seen before from its tensors' metadata,
+# without building its Signature: the op cache's by_quick_key.
+_quick = _cache.by_quick_key
 
 
 def _execute(low: Lowering, args, kwargs):
@@ -140,9 +137,6 @@ def _execute(low: Lowering, args, kwargs):
     if not low.random and not _SPREAD[0]:
         q = scan(low, args, kwargs, (low.name, low.mode, _checks.enabled_cell[0], torch.get_default_dtype()))
         if q is not None:
-            if _cache.generation != _quick_gen[0]:
-                _quick.clear()
-                _quick_gen[0] = _cache.generation
             compiled = _quick.get(q[0])
             if compiled is not None:
                 flat = q[1]
@@ -180,9 +174,8 @@ def _execute(low: Lowering, args, kwargs):
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
         _cache.admit(key, compiled)
     res = _launch(low, compiled, flat, args, kwargs, gen)
-    if q is not None and bucketed is None and len(_quick) < _QUICK_MAX and _quick_gen[0] == _cache.generation \
-            and (low.mode != "inplace" or not extents.may_bucket(low, flat, pos, kw)):
-        _quick[q[0]] = compiled
+    if q is not None and bucketed is None and (low.mode != "inplace" or not extents.may_bucket(low, flat, pos, kw)):
+        _cache.remember(q[0], key, compiled)
     return res
 
 

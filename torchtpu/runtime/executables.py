@@ -26,6 +26,7 @@ from typing import Callable, Hashable
 from . import cache as _cache
 
 clock = itertools.count(1)  # one clock for every cache: a use's time
+_QUICK_MAX = 8192  # quick keys per cache (one signature may have a few: finer than its key)
 
 
 class Executables(dict):
@@ -41,9 +42,10 @@ class Executables(dict):
         self.group = group
         self.lock = threading.Lock()
         self._counts: dict = {}  # group -> its entries
-        # moves whenever an entry goes: what maps other keys to these entries (the strict
-        # executor's quick keys) is emptied then, holding nothing this cache let go
-        self.generation = 0
+        # quick key -> entry: a second, cheaper key of an entry (a call's arguments read off
+        # their metadata, finer than the full key), which the executors look up first. Emptied
+        # whenever an entry leaves, so it never holds one this cache let go.
+        self.by_quick_key: dict = {}
         self._listeners: list[Callable[[], None]] = []
         if register:
             _cache.register(name, self)
@@ -68,12 +70,18 @@ class Executables(dict):
         if len(self) > bound:
             self._evict(list(self.items()), bound)
 
+    def remember(self, quick_key: Hashable, key: Hashable, exe) -> None:
+        """Let `quick_key` find `exe` (held under `key`) from now on; nothing when this cache
+        no longer holds it or the quick keys are at their bound."""
+        if len(self.by_quick_key) < _QUICK_MAX and self.get(key) is exe:
+            self.by_quick_key[quick_key] = exe
+
     def drop(self, key: Hashable) -> None:
         """Forget one executable (it failed: its next call compiles again)."""
         with self.lock:
             gone = self.pop(key, None)
         if gone is not None:
-            self.generation += 1
+            self.by_quick_key.clear()
             if self.group is not None:
                 self._uncount(key)
 
@@ -81,7 +89,7 @@ class Executables(dict):
         with self.lock:
             super().clear()
             self._counts.clear()
-            self.generation += 1
+            self.by_quick_key.clear()
         for fn in self._listeners:
             fn()
 
@@ -99,7 +107,7 @@ class Executables(dict):
             for k in victims:
                 if k in self:
                     self._uncount(k)
-        self.generation += 1
+        self.by_quick_key.clear()
         _cache.evict(self, victims, self.lock)
 
 
