@@ -193,3 +193,18 @@ def test_the_cpp_walk_keys_as_the_python_rules_say():
         assert (g.dyn, g.offsets) == (w.dyn, w.offsets), name
         assert [id(e) for e in g.entries] == [id(e) for e in w.entries], name
         assert [id(t) for t in g.tensors] == [id(t) for t in w.tensors], name
+
+
+@torchtpu.eager_mode("strict")
+def test_repeated_numbers_keep_their_sign_and_nan():
+    """Runtime numbers that repeat are passed from a cache (eager/scalars.pack_cached): a float
+    zero's sign and a NaN are never taken from it, and each value reaches its own call."""
+    from conftest import assert_bits
+
+    x = torch.tensor([-1.5, 2.0, -0.0, 3.0])
+    xt = to_tpu(x)
+    for v in (0.0, -0.0, 0.0, float("nan"), 1.25, 1.25, -1.25, -0.0, 7, 7, True):
+        for _ in range(2):
+            assert_bits(xt * v, x * v)
+            if type(v) is not bool:  # (CPU refuses a bool alpha for a float result)
+                assert_bits(xt.add(xt, alpha=v), x.add(x, alpha=v))

@@ -33,10 +33,12 @@ def _kind_of(v) -> int:
     raise TypeError(f"torchtpu: cannot pass {type(v).__name__} as a runtime scalar")
 
 
-# Integer-only packs (a view's storage offsets, an op's int arguments) repeat call after
-# call (q/k/v cut at fixed offsets of one projection): their device arrays are kept, so a
-# repeat costs a dict lookup, not a host-to-device copy (~10 us a call). Floats are not
-# (a learning rate changes every step, and -0.0 == 0.0 would alias two values).
+# Packs repeat call after call (q/k/v cut at fixed offsets of one projection, a model's
+# constant scale factor): their device arrays are kept, so a repeat costs a dict lookup,
+# not a host-to-device copy with the call. Bool, int and float packs, where equal values
+# are the same value: not a float zero (-0.0 == 0.0 would alias two values) or NaN (never
+# equal, never found); not complex. A learning rate that changes every step is a new entry
+# each step, and the dict is emptied at _EXACT_MAX.
 _EXACT_MAX = 4096
 _exact: dict = _caches.register("exact scalar packs", {})  # emptied at _EXACT_MAX
 
@@ -45,18 +47,18 @@ _NONE = (None, None, None, None)  # no runtime scalars: every kind empty
 
 
 def pack_cached(values, codes) -> tuple:
-    """pack() for one op's own executable: integer-only packs come from the cache."""
+    """pack() for one op's own executable: repeatable packs come from the cache."""
     if not values:
         return _NONE
-    if 2 not in codes and 3 not in codes:
-        key = (codes, tuple(values))
-        got = _exact.get(key)
-        if got is None:
-            if len(_exact) >= _EXACT_MAX:
-                _exact.clear()
-            got = _exact[key] = tuple(None if a is None else jax.device_put(a) for a in pack(values, codes))
-        return got
-    return pack(values, codes)
+    if 3 in codes or (2 in codes and not all(v == v and v != 0 for v, c in zip(values, codes) if c == 2)):
+        return pack(values, codes)
+    key = (codes, tuple(values))
+    got = _exact.get(key)
+    if got is None:
+        if len(_exact) >= _EXACT_MAX:
+            _exact.clear()
+        got = _exact[key] = tuple(None if a is None else jax.device_put(a) for a in pack(values, codes))
+    return got
 
 
 def pack(values, codes) -> tuple:
