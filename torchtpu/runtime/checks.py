@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 
 from .. import metrics
+from . import inflight
 from .pending import Failed
 
 # The flag array's layout: one row per check, (tripped, first offending value, a second
@@ -65,7 +66,7 @@ def _drain() -> None:
         keep = []
         done = []
         for r in _pending:
-            (done if _ready(r.flags) else keep).append(r)
+            (done if inflight.ready(r.flags) else keep).append(r)
         if len(keep) >= 4 * _DRAIN_AT:  # the device is far behind: wait for the oldest
             done.extend(keep[:_DRAIN_AT])
             keep = keep[_DRAIN_AT:]
@@ -74,13 +75,6 @@ def _drain() -> None:
         err = _error_of(r)
         if err is not None:
             _tripped.append(err)
-
-
-def _ready(a) -> bool:
-    try:
-        return a.is_ready()
-    except Exception:
-        return True
 
 
 def _where_of(rec: _Record, check) -> str | None:
