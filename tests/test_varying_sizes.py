@@ -295,3 +295,44 @@ def _index_buffer_rewritten(buf, w):
 def test_writes_through_a_window_keep_the_rest_of_the_buffer(mode):
     with torchtpu.eager_mode(mode):
         check(_index_buffer_rewritten, torch.arange(2 * 96).reshape(2, 96), torch.randn(100, 4))
+
+
+def _rotary(inv_freq, lengths):
+    """Rotary tables over positions arange(n) of each step's length, as a Llama layer makes them."""
+    out = []
+    for n in lengths:
+        pos = torch.arange(n, device=inv_freq.device)
+        freqs = pos.float()[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        out.append((emb.cos(), emb.sin()))
+    return out
+
+
+def _batched_positions(lengths, device="cpu"):
+    """Positions broadcast over a batch, then flattened: the flatten is a view on CPU."""
+    return [(torch.arange(n, device=device).expand(2, n) + 1).view(-1) for n in lengths]
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_ranges_of_varying_length_compile_per_bucket(mode):
+    """arange(n) of a length that keeps changing runs over its bucket and comes back dynamic:
+    the tables over it compile once per bucket; values, sizes and strides equal CPU's."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    lengths = [40, 33, 57, 61, 35, 48, 64, 50]  # one bucket (64) after the first two lengths
+    with torchtpu.eager_mode(mode):
+        check(_rotary, inv_freq, lengths, check_stride=True, atol=1e-6, rtol=1e-6)
+        programs, served = _compiles(lambda f: _rotary(f, lengths[2:]), inv_freq, served="dynamic_ranges")
+    assert served == len(lengths) - 2
+    assert programs <= 8, programs  # per bucket, not per length (about 6 per length exact)
+    # a result with the varying dim inner keeps the bucket's strides (as a mark_dynamic one
+    # does); what CPU allows of its contiguous tensor still works: values as CPU's
+    with torchtpu.eager_mode(mode):
+        assert_values(_batched_positions(lengths, "tpu"), _batched_positions(lengths))
+
+
+def test_short_ranges_stay_exact():
+    """A test's arange(6).view(2, 3) (16 elements or fewer) is never padded."""
+    for n in (3, 5, 7, 9, 12, 16):
+        t = torch.arange(n, device="tpu")
+        assert torchtpu.get_dynamism(t) == {} and t.untyped_storage().nbytes() == n * 8
+        assert_values(t.view(1, n), torch.arange(n).view(1, n))

@@ -570,6 +570,35 @@ def _vary_source(low: Lowering, args, kwargs):
     return tuple(args)
 
 
+# --- ranges whose length varies from call to call ------------------------------------------
+#
+# A training loop over sequences of varying length makes its positions with arange(n) each
+# step (rotary embeddings, position ids): each n compiled arange and, after it, every op over
+# the positions at that size (the rotary tables, their products with q and k, and backward).
+# Once arange of one dtype has made more than extents.AFTER lengths above MIN_BUCKET, it runs
+# over the length's bucket and hands back the first n positions, marked dynamic (not strict),
+# so the ops after it run per bucket, as with a dynamic index. Short ranges (a test's
+# arange(6).view(2, 3)) stay exact.
+
+def vary_factory(low: Lowering, args, kwargs, run):
+    """The executor's "vary_factory" interceptor: arange(n) of a length that keeps changing,
+    as the first n of a bucket-long range, dynamic; None to run the call as it is."""
+    if not extents.AFTER or len(args) != 1:
+        return None
+    n = args[0]
+    if type(n) is not int or n <= extents.MIN_BUCKET or kwargs.get("layout") not in (None, torch.strided):
+        return None
+    key = (low.name, kwargs.get("dtype"), str(kwargs.get("device")))
+    if extents.varying(_index_shapes, key, (n,)) is None:
+        return None
+    b = bucket(n)
+    whole = run(low, (b,), kwargs)
+    t = tensors.alias(whole, (n,), (1,), 0)
+    _auto(t, 0, n, b)
+    bump("dynamic_ranges")
+    return t
+
+
 def vary_args(low: Lowering, args, kwargs):
     """The executor's "vary_args" interceptor: index_select/embedding (vary_index), copy_
     (_vary_source)."""
@@ -577,6 +606,7 @@ def vary_args(low: Lowering, args, kwargs):
 
 
 executor.intercept("vary_args", vary_args)
+executor.intercept("vary_factory", vary_factory)
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:

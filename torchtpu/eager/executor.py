@@ -51,6 +51,8 @@ dynamic = None
 # whose length keeps changing becomes dynamic before the call, a copy_ source padded
 vary_args = None
 _VARYING_ARGS = frozenset({"index_select", "embedding", "copy_"})
+# eager/dynamism.py's vary_factory: arange(n) whose length keeps changing, dynamic
+vary_factory = None
 
 
 def intercept(name: str, fn) -> None:
@@ -63,15 +65,19 @@ def intercept(name: str, fn) -> None:
     - "vary_args":    fn(low, args, kwargs) -> args, for index_select/embedding/copy_: an index
                       whose length keeps changing becomes dynamic before the call; a small
                       source copied into views of varying extent is padded to their bucket
+    - "vary_factory": fn(low, args, kwargs, run) -> result or None, for arange: a range whose
+                      length keeps changing is made over its bucket and handed back dynamic
     - "grow_dynamic": fn(low, a, b, d, run) serves a cat growing a tensor (eager/growth.py)
     - "on_grown":     fn(t, d, n, bucket, step) after a bucketed growth (eager/growth.py)
     - "after_flush":  fn() after each defer_and_fuse region (eager/deferred.py)
     """
-    global dynamic, vary_args
+    global dynamic, vary_args, vary_factory
     if name == "dynamic":
         dynamic = fn
     elif name == "vary_args":
         vary_args = fn
+    elif name == "vary_factory":
+        vary_factory = fn
     elif name in ("grow_dynamic", "on_grown"):
         growth.intercept(name, fn)
     elif name == "after_flush":
@@ -115,14 +121,17 @@ def _execute_here(low: Lowering, args, kwargs):
         args = vary_args(low, args, kwargs)
     if dynamic is not None:
         return dynamic(low, args, kwargs, _serve, _execute)
-    if low.name == "cat":  # (_serve, inlined: this runs per op)
-        return growth.cat(low, args, kwargs, _execute)
-    return _execute(low, args, kwargs)
+    return _serve(low, args, kwargs)
 
 
 def _serve(low: Lowering, args, kwargs):
-    if low.name == "cat":  # a tensor growing token by token: see eager/growth.py
+    name = low.name
+    if name == "cat":  # a tensor growing token by token: see eager/growth.py
         return growth.cat(low, args, kwargs, _execute)
+    if name == "arange" and vary_factory is not None:  # a range whose length keeps changing
+        got = vary_factory(low, args, kwargs, _execute)
+        if got is not None:
+            return got
     return _execute(low, args, kwargs)
 
 
