@@ -33,7 +33,6 @@ from . import collectives
 from . import graph as _graph
 
 _NUMBERS = (bool, int, float)
-_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
 
 def _signature(args, skip=frozenset()):
@@ -239,16 +238,10 @@ class CompiledGraph:
         refusal = self.program.refusal
         if refusal is not None:
             raise refusal[0](refusal[1])
-        # aot_autograd calls a compiled graph with Dynamo's frame hook set: every Python frame
-        # below (ours are marked skip) would still pass through it, a third of the call's cost
-        prior = _set_eval_frame(None)
-        try:
-            if placement.spread():  # more than tpu:0 in use: the program runs on its tensors' device
-                with placement.on(self._device(args)):
-                    return self._call(args)
-            return self._call(args)
-        finally:
-            _set_eval_frame(prior)
+        if placement.spread():  # more than tpu:0 in use: the program runs on its tensors' device
+            with placement.on(self._device(args)):
+                return self._call(args)
+        return self._call(args)
 
     def _device(self, args) -> int:
         """The one tpu device of the graph's inputs and results (XLA runs a program on one)."""
