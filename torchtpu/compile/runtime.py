@@ -228,12 +228,6 @@ class CompiledGraph:
         bump("fast_compiles")
         return True
 
-    def _donatable(self, sig, bufs, entries) -> tuple:
-        """Mutated inputs whose old buffer nobody else can see: XLA may update them in place.
-        A buffer shared with another storage, a deferred region or a second argument is kept."""
-        return tuple([i for i in self.program.mutated_inputs
-                      if sig[i][0] == "tpu" and donation.exclusively_held(bufs, i, holders=1)])
-
     def __call__(self, args):
         refusal = self.program.refusal
         if refusal is not None:
@@ -290,7 +284,7 @@ class CompiledGraph:
             host_values, layout = _pack_host(got[:n])
             host_outs = dict(zip(host.outputs, got[n:]))
             sig = sig + (layout,)
-        donate = self._donatable(sig, bufs, entries) if mutated else ()
+        donate = _donatable(mutated, bufs, entries) if mutated else ()
         key = (sig, donate) + context  # a new matmul precision compiles anew
         got = self._jits.get(key)
         if got is None:

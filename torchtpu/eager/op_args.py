@@ -172,20 +172,18 @@ def scan_python(low: Lowering, args, kwargs, head):
     lazy bits) and of an argument (a runtime number's type, a static value and its type)
     is in it. The Flat's entries, runtime scalars and offsets are in flatten()'s order."""
     flat = Flat()
-    rt = low.runtime_scalar
-    infos = low.args
+    rt, kinds, by_name = low.scan_info  # (the C++ walk's reading of the schema too)
     n = len(rt)
     key = [head]
     for i, v in enumerate(args):
-        k = _item(v, rt[i], flat, infos[i].kind) if i < n else _item(v, False, flat, "other")
+        k = _item(v, rt[i], flat, kinds[i]) if i < n else _item(v, False, flat, 0)
         if k is _BAIL:
             return None
         key.append(k)
     if kwargs:
-        by_name = low.arg_by_name
         for name, v in kwargs.items():
-            info = by_name.get(name)
-            k = _item(v, rt[info[0]], flat, info[1].kind) if info is not None else _item(v, False, flat, "other")
+            meta = by_name.get(name)
+            k = _item(v, meta[0], flat, meta[1]) if meta is not None else _item(v, False, flat, 0)
             if k is _BAIL:
                 return None
             key.append((name, k))
@@ -198,7 +196,8 @@ except ImportError:  # (a checkout whose C++ extensions were not built: `make ve
     scan = scan_python  # noqa: F811
 
 
-def _item(v, runtime: bool, flat: Flat, kind: str):
+def _item(v, runtime: bool, flat: Flat, kind: int):
+    """kind: the argument's list kind (0 other, 1 a tensor list, 2 a scalar list: Lowering.scan_info)."""
     tv = type(v)
     if tv in _NUMBERS:
         if runtime:
@@ -230,7 +229,7 @@ def _item(v, runtime: bool, flat: Flat, kind: str):
     if tv is list or tv is tuple:
         # flatten's rule: a list is encoded item by item when it is a runtime scalar list or
         # holds tensors, else kept whole as a static value
-        if (kind == "scalar_list" and runtime) or kind in ("tensor_list", "opt_tensor_list") \
+        if (kind == 2 and runtime) or kind == 1 \
                 or any(isinstance(x, torch.Tensor) for x in v):
             items = []
             for x in v:

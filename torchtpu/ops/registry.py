@@ -91,10 +91,6 @@ class Lowering:
                      for a in self.args)
 
     @functools.cached_property
-    def arg_by_name(self) -> dict[str, tuple[int, ArgInfo]]:
-        return {a.name: (i, a) for i, a in enumerate(self.args)}
-
-    @functools.cached_property
     def scan_info(self) -> tuple:
         """What the quick key's walk (eager/op_args.scan) reads of the schema: per position
         whether a number is a runtime value and its list kind (0 other, 1 a tensor list,
