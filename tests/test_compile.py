@@ -287,20 +287,36 @@ def test_shape_change_recompiles_once_per_shape():
     assert torchtpu.metrics()["compile_graphs"] == 3
 
 
-def test_mark_dynamic_works_with_one_program_per_shape():
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_mark_dynamic_runs_one_program_per_bucket(policy, monkeypatch):
+    # Dynamo's symbolic graph: its inputs of a varying size run as dynamic tensors in a
+    # bucket (one program for sizes 4 and 6, eager/dynamism.vary_inputs); with the varying-size
+    # policy off, one program per concrete shape
+    from torchtpu.eager import extents
+
+    if policy == "off":
+        monkeypatch.setattr(extents, "AFTER", 0)
+    torch._dynamo.reset()
+
     def f(x):
         return x.softmax(-1) * x.shape[0]
 
     g = torch.compile(f, backend="tpu")
     torchtpu.reset_metrics()
-    for n in (4, 6, 4):
+    for n in (4, 6, 4, 20):
         x = torch.randn(n, 3)
         xt = tpu(x)
         torch._dynamo.mark_dynamic(xt, 0)
-        assert_same(g(xt), f(x))
+        got = g(xt)
+        assert_same(got, f(x))
+        assert got.stride() == f(x).stride()
     m = torchtpu.metrics()
     assert m["dynamo_graphs"] == 1  # one symbolic graph from Dynamo
-    assert m["compile_graphs"] == 2  # one XLA program per concrete shape
+    if policy == "off":
+        assert m["compile_graphs"] == 3  # one XLA program per concrete shape
+    else:
+        assert m.get("compile_graphs", 0) == 0 and m["region_compiles"] == 2  # buckets 16 and 32
+        assert m["dynamic_graph_inputs"] == 4
 
 
 def test_graph_over_symbolic_sizes_lays_out_and_addresses_as_traced(no_fallback):

@@ -286,10 +286,14 @@ def test_hf_generate_within_a_bound_compiles_nothing_new(mode):
 
 
 @pytest.mark.slow
-def test_symbolic_graph_past_its_fourth_size_compiles_fast():
-    """A compiled graph Dynamo made symbolic in a length is specialized per length; past its
-    4th (TORCHTPU_FAST_COMPILE_AFTER) those programs compile without XLA's optimizations
-    (one per decoded token with a DynamicCache and a compiled forward); values equal CPU's."""
+def test_symbolic_graph_past_its_fourth_size_compiles_fast(monkeypatch):
+    """With the varying-size policy off, a compiled graph Dynamo made symbolic in a length is
+    specialized per length; past its 4th (TORCHTPU_FAST_COMPILE_AFTER) those programs compile
+    without XLA's optimizations (one per decoded token with a DynamicCache and a compiled
+    forward); values equal CPU's."""
+    from torchtpu.eager import extents
+
+    monkeypatch.setattr(extents, "AFTER", 0)
     torch._dynamo.reset()
 
     def f(k, q):

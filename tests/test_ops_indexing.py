@@ -628,6 +628,25 @@ def test_view_scatters_on_fresh_tpu_tensors(no_fallback):
         torch.select_scatter(x, torch.randn(4, 5, device=T), 0, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.int32, torch.bool])
+def test_slice_backward(no_fallback, dtype):
+    # the gradient of a slice, lowered as one program (PyTorch's composite: zeros, then copy_):
+    # negative and out-of-range bounds, steps, a negative dim, copy_'s broadcast of grad
+    g = torch.randn(3, 5, 4).to(dtype)
+    for sizes, dim, start, end, step, grad in (
+            ([3, 5, 4], 1, 1, 3, 1, g[:, 1:3]), ([3, 5, 4], -1, -3, 2 ** 63 - 1, 2, g[..., :2]),
+            ([6, 5, 4], 0, 1, 100, 2, g), ([3, 5, 4], 1, 0, 5, 1, g[:1, :1, :]), ([3, 5, 4], 2, 4, 1, 1, g[..., :0])):
+        assert_same(torch.ops.aten.slice_backward(grad.to(T), sizes, dim, start, end, step),
+                    torch.ops.aten.slice_backward(grad, sizes, dim, start, end, step))
+    out = torch.empty(0, dtype=dtype, device=T)
+    torch.ops.aten.slice_backward.out(g.to(T), [3, 7, 4], 1, 2, 7, 1, out=out)
+    assert_same(out, torch.ops.aten.slice_backward(g, [3, 7, 4], 1, 2, 7, 1))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ops.aten.slice_backward(g.to(T), [3, 5, 4], 1, 1, 3, 1)
+    with pytest.raises(RuntimeError, match="step must be positive"):
+        torch.ops.aten.slice_backward(g.to(T), [3, 5, 4], 1, 0, 5, 0)
+
+
 def test_view_scatter_grads(no_fallback):
     x = torch.randn(4, 4)
     s = torch.randn(4)

@@ -142,6 +142,12 @@ class CompiledGraph:
         # a jitted graph is one program per size. Other symbolic graphs jit per size.
         self.symbolic = any(_symbolic(n.meta.get("val")) for n in placeholders)
         self.grown = _grown_inputs(gm, placeholders) if self.symbolic else ()
+        # Inputs with one size Dynamo made symbolic (it does so once it saw the size vary)
+        # that the graph does not write: they run as dynamic copies in a bucket, so the graph
+        # is one program per bucket of sizes, not one per size (varying-size policy on).
+        self.varying = tuple((i, d) for i, n in enumerate(placeholders) if n not in written
+                             for d in [_one_symbolic_dim(n.meta.get("val"))] if d is not None) \
+            if self.symbolic else ()
         self.gm = gm if self.symbolic else None  # (what the deferred route runs)
 
     def _make(self, sig, donate, out_strides=None):
@@ -213,7 +219,7 @@ class CompiledGraph:
             entry = storage.table.get(a.untyped_storage()._cdata) if a.device.type == "tpu" else None
             if entry is not None:
                 growth.mark_grown(entry)
-        with modes.mode("defer_and_fuse"):
+        with modes.mode("defer_and_fuse"), _dynamism.graph_views():
             outs = self.gm(*args)
         args.clear()
         return list(outs)
@@ -251,8 +257,11 @@ class CompiledGraph:
 
     def _call(self, args):
         args = list(args)
-        if self.symbolic and self.program.collectives is None and (self.grown or _dynamism.any_dynamic(args)):
-            return self._deferred(args)
+        if self.symbolic and self.program.collectives is None:
+            if self.grown or _dynamism.any_dynamic(args):
+                return self._deferred(args)
+            if self.varying and _dynamism.vary_inputs(args, self.varying):
+                return self._deferred(args)
         host = self.program.host
         mutated = self.program.mutated_inputs
         precision.sync()
@@ -490,6 +499,14 @@ def _grown_inputs(gm, placeholders) -> tuple:
         if isinstance(val, torch.Tensor) and val.dim() and isinstance(val.shape[dim % val.dim()], torch.SymInt):
             grown.append(placeholders.index(first))
     return tuple(grown)
+
+
+def _one_symbolic_dim(val) -> int | None:
+    """The dim of a graph input's fake tensor value that is its one symbolic size, if so."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    dims = [d for d, s in enumerate(val.shape) if isinstance(s, torch.SymInt)]
+    return dims[0] if len(dims) == 1 else None
 
 
 def _symbolic(val) -> bool:

@@ -19,8 +19,10 @@ of it is dynamic in the dim with the marked stride and the true size.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import threading
 import weakref
 
 import jax
@@ -146,6 +148,24 @@ def _seen_strides(shape, stride) -> tuple:
     return tuple(out)
 
 
+def _padded_strides(t: torch.Tensor, shape) -> tuple:
+    """`t`'s strides over its padded `shape`. In 4-d and 5-d tensors a size-1 dim's stride is
+    part of a program's key (runtime/leaf.py), and one that steps over a dim of the true size
+    (a view `(1, n, h, d).transpose(1, 2)` has (n*h*d, d, h*d, 1)) would key every n apart:
+    it steps over the padded dim instead, as in a tensor of the bucket's size. Its value is
+    never read (index 0), only compared for the memory format, where the two agree."""
+    st = list(t.stride())
+    if len(st) not in _leaf.STRIDES_KEYED_RANKS:
+        return tuple(st)
+    for i, m in enumerate(t.shape):
+        if m == 1:
+            for j, k in enumerate(t.shape):
+                if k > 1 and k != shape[j] and st[i] == st[j] * k:
+                    st[i] = st[j] * shape[j]
+                    break
+    return tuple(st)
+
+
 def _host_padded(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
     """A new contiguous tensor of `t`'s values padded with zeros along `d` to `b` positions,
     made from its storage's computed buffer through the host: no program, and no flush of a
@@ -174,12 +194,63 @@ def _host_room(t: torch.Tensor, entry, shape) -> torch.Tensor:
         return tensors.empty(shape, t.dtype, buf=buf)
 
 
-def _padded_copy(t: torch.Tensor, entry, d: int, b: int) -> torch.Tensor:
-    """A dynamic (not strict) copy of `t`, padded along `d` to `b` positions (_host_padded)."""
+def _padded_copy(t: torch.Tensor, entry, d: int, b: int, upper: int | None = None) -> torch.Tensor:
+    """A dynamic (not strict) copy of `t`, padded along `d` to `b` positions (_host_padded),
+    within `upper` if given."""
     new = _host_padded(t, entry, d, b)
-    _marked[storage.lookup(new)] = Dyn(new.stride(d), t.shape[d], b, 0, None, False)
+    _marked[storage.lookup(new)] = Dyn(new.stride(d), t.shape[d], b, 0, upper, False)
     executor.intercept("dynamic", execute)  # every op call is looked at while dynamic tensors exist
     return tensors.alias(new, tuple(t.shape), _seen_strides(t.shape, new.stride()), 0)
+
+
+class _State(threading.local):
+    graph_views = False  # running a compiled graph's ATen ops eagerly (view_kernels.view)
+
+
+state = _State()
+
+
+@contextlib.contextmanager
+def graph_views():
+    """While a compiled graph's ATen ops run eagerly over dynamic tensors: a view its trace
+    took of a tensor CPU lays out contiguously may meet a bucket's strides here, and gets a
+    contiguous copy (the graph is functional: no write reaches an intermediate)."""
+    before = state.graph_views
+    state.graph_views = True
+    try:
+        yield
+    finally:
+        state.graph_views = before
+
+
+def vary_inputs(args: list, dims) -> bool:
+    """Replace, in `args`, each tpu tensor at (position, dim) of `dims` by a dynamic (not
+    strict) copy padded along dim to its bucket (a compiled graph's inputs whose size Dynamo
+    made symbolic: the graph then runs per bucket); whether they were. All or none: a graph
+    with one input left at its true size would still be a program per size. Off with the
+    varying-size policy (extents.AFTER 0)."""
+    if not extents.AFTER:
+        return False
+    todo = []
+    for i, d in dims:
+        t = args[i]
+        if not isinstance(t, torch.Tensor):
+            continue
+        if (t.device.type != "tpu" or t.dim() <= d or t.shape[d] < 2 or t.numel() > _MAX_MOVED
+                or any(n != 1 for n in t.shape[:d])):
+            return False  # (as vary_index: through the host, and CPU's strides kept)
+        entry = table.get(t.untyped_storage()._cdata)
+        if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(t.dtype):
+            return False
+        todo.append((i, d, t, entry))
+    for i, d, t, entry in todo:
+        n = t.shape[d]
+        # under growth_bound a size within it pads to the bound, as a tensor starting to grow
+        # there does: a generate's prefill and its decode steps share that one bucket
+        upper = growth.bound if growth.bound is not None and n <= growth.bound else None
+        args[i] = _padded_copy(t, entry, d, growth.bucket_of(n) if upper else bucket(n), upper)
+        bump("dynamic_graph_inputs")
+    return bool(todo)
 
 
 def get_dynamism(t: torch.Tensor) -> dict:
@@ -292,10 +363,14 @@ def execute(low: Lowering, args, kwargs, serve, run):
         shape = list(t.shape)
         shape[d] = info.bucket
         if i.inner is None:
-            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, _padded_strides(t, shape), t.storage_offset()))
         else:  # the packed storage's first positions; the program unpacks the bucket
             rules.put_arg(pargs, pkwargs, p, tensors.alias(t, (i.outer * i.bucket * i.inner,), (1,), 0))
             packed.append((p, tuple(shape), d))
+    for path, i in plan.sizes:  # a size list's entry of the true size: the bucket's
+        sizes = list(rules.get(pargs, pkwargs, path))
+        sizes[i] = info.bucket
+        rules.put_arg(pargs, pkwargs, path, sizes)
     pack = _packing(low, rule, plan, args, kwargs, found)
     ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra,
                     tuple(sorted(packed, key=repr)), pack)
@@ -589,7 +664,9 @@ def vary_factory(low: Lowering, args, kwargs, run):
     if type(n) is not int or n <= extents.MIN_BUCKET or kwargs.get("layout") not in (None, torch.strided):
         return None
     key = (low.name, kwargs.get("dtype"), str(kwargs.get("device")))
-    if extents.varying(_index_shapes, key, (n,)) is None:
+    # in a compiled graph run over dynamic inputs, a range is over a size Dynamo made
+    # symbolic because it varies: bucketed from its first length
+    if extents.varying(_index_shapes, key, (n,)) is None and not state.graph_views:
         return None
     b = bucket(n)
     whole = run(low, (b,), kwargs)

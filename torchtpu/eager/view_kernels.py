@@ -22,9 +22,15 @@ def view(self, size):
         return _view.redispatch(tensors.META, self, size)
     except RuntimeError:
         # a growth's padded tensor has its bucket's strides where CPU's is contiguous
-        if not dynamism.unpad_for_view(self):
-            raise
-        return _view.redispatch(tensors.META, self, size)
+        if dynamism.unpad_for_view(self):
+            return _view.redispatch(tensors.META, self, size)
+        if dynamism.state.graph_views:
+            # a compiled graph run eagerly over dynamic tensors (compile/runtime._deferred):
+            # traced with CPU's strides, its view of an intermediate may meet a bucket's. The
+            # graph is functional (nothing writes an intermediate), so a contiguous copy
+            # serves as the view would
+            return _view.redispatch(tensors.META, self.clone(memory_format=torch.contiguous_format), size)
+        raise
 
 
 def _reshape_alias(self, size, stride):

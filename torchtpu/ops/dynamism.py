@@ -38,6 +38,7 @@ class Plan:
     pads: tuple = ()  # ((path, dim), ...): static inputs padded to the bucket along dim
     extra: tuple = ()  # rule-specific static facts for apply
     contiguous: bool = False  # dynamic results laid out as CPU's contiguous tensor (packed)
+    sizes: tuple = ()  # ((path, i), ...): entry i of a static size list holds n; it gets the bucket
 
 
 @dataclass(frozen=True)
@@ -608,6 +609,21 @@ class EmbeddingBackward(Rule):
         return fn(*args, **kwargs)
 
 
+class SliceBackward(Rule):
+    """slice_backward(grad, input_sizes, dim, start, end, step) with grad dynamic across the
+    sliced dim (rotate_half's halves, a head's slice of features): zeros of the input's sizes,
+    grad at the slice. input_sizes holds n at the dynamic dim: it gets the bucket (Plan.sizes),
+    so every n of a bucket shares the program; the padding's rows stay padding."""
+
+    def plan(self, args, kwargs, dims, n):
+        if set(dims) != {(0,)} or len(args) < 3:
+            return None
+        d, sizes = dims[(0,)], list(args[1])
+        if args[0].dim() != len(sizes) or args[2] % max(len(sizes), 1) == d or sizes[d] != n:
+            return None
+        return Plan(((d, n),), sizes=(((1,), d),))
+
+
 def _reductions() -> dict:
     s, k = (1, "dim"), (2, "keepdim")
     return {
@@ -641,6 +657,7 @@ RULES: dict[str, Rule] = {
     "nll_loss_forward": NllLoss(False), "nll_loss_backward": NllLoss(True),
     "_softmax_backward_data": SoftmaxBackward(False), "_log_softmax_backward_data": SoftmaxBackward(True),
     "clone": Clone(),
+    "slice_backward": SliceBackward(),
     "copy": _POINTWISE,
     "where.self": _POINTWISE,
     "masked_fill.Scalar": _POINTWISE,

@@ -254,23 +254,46 @@ def select_scatter(self, src, dim, index):
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
 
-@lower("slice_scatter")
-def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
-    if self.ndim == 0:
-        raise IndexError("slice_scatter(): cannot be applied to a 0-dim tensor.")
+def _slice_index(shape, dim, start, end, step, op):
+    """The index of `aten.slice(dim, start, end, step)` over `shape` (PyTorch's clamping)."""
+    if not shape:
+        raise IndexError(f"{op}(): cannot be applied to a 0-dim tensor.")
     if step <= 0:
         raise RuntimeError("slice step must be positive")
-    dim = _wrap(dim, self.ndim)
-    n = self.shape[dim]
+    dim = _wrap(dim, len(shape))
+    n = shape[dim]
     start = 0 if start is None else start
     end = n if end is None else end
     start = start + n if start < 0 else start
     end = end + n if end < 0 else end
     start = min(max(start, 0), n)
     end = min(max(end, start), n)
-    idx = (slice(None),) * dim + (slice(start, end, step),)
+    return (slice(None),) * dim + (slice(start, end, step),)
+
+
+@lower("slice_scatter")
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    idx = _slice_index(self.shape, dim, start, end, step, "slice_scatter")
     _check_src(src, self[idx].shape, "slice_scatter")
     return self.at[idx].set(src.astype(self.dtype))
+
+
+@lower("slice_backward")
+def slice_backward(grad_output, input_sizes, dim, start, end, step):
+    # One program where PyTorch's composite is two (zeros, then copy_ into the slice); with the
+    # sizes a rule can bucket (ops/dynamism.py SliceBackward: rotate_half's backward per length).
+    base = jnp.zeros(tuple(input_sizes), grad_output.dtype)
+    idx = _slice_index(base.shape, dim, start, end, step, "slice_backward")
+    want = base[idx].shape
+    # copy_'s broadcasting and its error
+    g = grad_output.shape
+    if len(g) > len(want):
+        raise RuntimeError(f"slice_backward: grad_output of {len(g)} dims does not fit a slice of {len(want)}")
+    for k in range(1, len(g) + 1):
+        if g[-k] not in (1, want[-k]):
+            raise RuntimeError(f"The size of tensor a ({want[-k]}) must match the size of tensor b ({g[-k]}) "
+                               f"at non-singleton dimension {len(want) - k}")
+    return base.at[idx].set(jnp.broadcast_to(grad_output, want))
 
 
 @lower("diagonal_scatter")
