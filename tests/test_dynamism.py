@@ -140,6 +140,40 @@ def test_cat_along_and_across_the_dim(mode):
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.complex64])
+def test_constant_pad_along_and_across_the_dim(mode, dtype):
+    # a loss's labels padded by one ignore_index before the shift, padding on both sides,
+    # and across the dim: the result stays dynamic, its padded positions hold the value
+    def make(n):
+        x = torch.randn(2, n, 3, generator=_g(n)) * 4
+        return [x > 0 if dtype == torch.bool else x.to(dtype)]
+
+    def fn(x):
+        a = F.pad(x, (0, 0, 0, 1), value=-100 if dtype != torch.bool else 1)
+        b = F.pad(x, (1, 2, 1, 0, 1, 0), value=1)
+        return a, b, b.sum(1), a[:, 1:]
+
+    _check(fn, make, {0: 1}, mode)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_slice_backward_across_the_dim(mode):
+    # rotate_half's backward: the gradient of slices of the features of a tensor whose
+    # length varies, as one program per bucket (PyTorch's composite compiled a zeros and a
+    # copy_ per length)
+    def make(n):
+        return [torch.randn(1, 2, n, 8, generator=_g(n)), torch.randn(1, 2, n, 8, generator=_g(n + 1))]
+
+    def fn(x, w):
+        x = x.detach().requires_grad_()
+        y = torch.cat((-x[..., 4:], x[..., :4]), -1) * 3
+        (g,) = torch.autograd.grad(y, x, w)  # the gradient arrives dynamic, as a loss's does
+        return g, torch.ops.aten.slice_backward(x.detach()[..., :3], list(x.shape), 3, 1, 4, 1)
+
+    _check(fn, make, {0: 2, 1: 2}, mode)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_cat_with_a_legacy_empty_input(mode):
     """DynamicCache's first update, torch.cat([tensor([]), keys], -2): cat skips the empty 1-D
     input, and the result stays dynamic (it fell back to the true sizes before)."""

@@ -336,3 +336,41 @@ def test_short_ranges_stay_exact():
         t = torch.arange(n, device="tpu")
         assert torchtpu.get_dynamism(t) == {} and t.untyped_storage().nbytes() == n * 8
         assert_values(t.view(1, n), torch.arange(n).view(1, n))
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_a_compiled_forward_over_prompt_lengths_runs_per_bucket(policy, monkeypatch):
+    # Dynamo makes the length symbolic at the second prompt; its graph then runs over dynamic
+    # copies of the ids, one program per bucket (64, 128, 256), not one per length
+    # (compile/runtime.CompiledGraph.varying); logits equal CPU's
+    pytest.importorskip("transformers")
+    if policy == "off":
+        monkeypatch.setattr(extents, "AFTER", 0)
+    torch._dynamo.reset()
+    model = _tiny_llama()
+    f = torch.compile(_tiny_llama().to("tpu"), backend="tpu")
+    g = torch.Generator().manual_seed(0)
+    before = torchtpu.metrics()
+    lengths = (17, 40, 63, 90, 111, 150)
+    for n in lengths:
+        ids = torch.randint(0, 128, (1, n), generator=g)
+        with torch.no_grad():
+            got = f(input_ids=ids.to("tpu")).logits
+            want = model(input_ids=ids).logits
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert_values(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    m = torchtpu.metrics()
+    programs = sum(m.get(k, 0) - before.get(k, 0) for k in ("compile_graphs", "region_compiles"))
+    if policy == "on":
+        assert programs <= 4, programs  # the first length's static graph, then 3 buckets
+    else:
+        assert programs == len(lengths)

@@ -2,7 +2,7 @@
 eager in the same run, with the varying-size policy (TORCHTPU_VARYING_AFTER,
 eager/extents.py and eager/dynamism.py) off and on.
 
-    python -m torchtpu.bench churn [--only fill,index,train,llama,batching] [--mode strict]
+    python -m torchtpu.bench churn [--only fill,index,train,llama,batching,compiled] [--mode strict]
 
 Workloads (each from empty executable caches, run twice: cold, then warm on new sizes of
 the same ranges):
@@ -12,6 +12,8 @@ the same ranges):
   llama     fine-tuning a tiny Llama (hidden 64, 2 layers) with AdamW, 8 steps of lengths 17..512
   batching  Transformers' continuous batching (generate_batch, paged sdpa, no padding
             settings) of a tiny Llama: 8 requests x 32 new tokens, then 8 more
+  compiled  torch.compile of a tiny Llama's forward (inference) over 8 prompt lengths in
+            17..200 (torch CPU: the same forward, eager)
 
 Reported per workload and policy: programs compiled cold and warm, seconds cold and warm,
 the warm ratio to torch CPU eager, whether the outputs equal CPU's.
@@ -108,6 +110,35 @@ def _batching(dev, sizes):
     return [torch.tensor(out[k].generated_tokens) for k in sorted(out)]
 
 
+_COMPILED: dict = {}  # device -> the compiled model of this policy's runs (_fresh empties it)
+
+
+def _compiled(dev, sizes):
+    """A tiny Llama's forward under torch.compile (on CPU: eager, the baseline) over prompts of
+    the given lengths; Dynamo makes the length symbolic at the second one."""
+    model = _COMPILED.get(dev)
+    if model is None:
+        import copy
+
+        model = copy.deepcopy(_tiny_llama()).to(dev)
+        if dev != "cpu":
+            model = torch.compile(model, backend="tpu")
+        _COMPILED[dev] = model
+    g = torch.Generator().manual_seed(sizes[0])
+    outs = []
+    with torch.no_grad():
+        for n in sizes:
+            ids = torch.randint(0, 128, (1, n), generator=g).to(dev)
+            outs.append(model(input_ids=ids).logits[0, -1])
+    return [torch.stack(outs)]
+
+
+def _fresh() -> None:
+    """Before a policy's cold run: no compiled model, no Dynamo cache from the other policy."""
+    _COMPILED.clear()
+    torch._dynamo.reset()
+
+
 def _draw(lo, hi, k, seed):
     g = torch.Generator().manual_seed(seed)
     return [int(x) for x in torch.randint(lo, hi + 1, (k,), generator=g)]
@@ -119,6 +150,7 @@ WORKLOADS = {
     "train": (_train, _draw(17, 512, 24, 1), _draw(17, 512, 24, 2)),
     "llama": (_llama, _draw(17, 512, 8, 1), _draw(17, 512, 8, 2)),
     "batching": (_batching, _draw(4, 24, 8, 1), _draw(4, 24, 8, 2)),
+    "compiled": (_compiled, _draw(17, 200, 8, 1), _draw(17, 200, 8, 2)),
 }
 
 
@@ -158,6 +190,7 @@ def main(argv=None) -> int:
         for policy in ("off", "on"):
             extents.AFTER = 0 if policy == "off" else after
             torchtpu.clear_caches()
+            _fresh()
             with torchtpu.eager_mode(args.mode):
                 got_cold, t_cold, p_cold = _run(fn, "tpu", cold_sizes)
                 got_warm, t_warm, p_warm = _run(fn, "tpu", warm_sizes)

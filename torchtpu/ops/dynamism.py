@@ -624,6 +624,39 @@ class SliceBackward(Rule):
         return Plan(((d, n),), sizes=(((1,), d),))
 
 
+class ConstantPad(Rule):
+    """constant_pad_nd over a dynamic tensor (a loss's labels padded by one ignore_index
+    before the shift): across the dim, padding is elementwise in it; along it, the value
+    goes after the true n positions (and `lo` of it before them), so the result's dim is
+    n + lo + hi, dynamic, in its own bucket."""
+
+    def plan(self, args, kwargs, dims, n):
+        if set(dims) != {(0,)}:
+            return None
+        d, x = dims[(0,)], args[0]
+        pad = list(args[1]) if len(args) > 1 else list(kwargs.get("pad", ()))
+        if len(pad) % 2 or len(pad) // 2 > x.dim() or any(p < 0 for p in pad):
+            return None
+        k = x.dim() - 1 - d  # pad's pair for dim d
+        lo, hi = (pad[2 * k], pad[2 * k + 1]) if 2 * k + 1 < len(pad) else (0, 0)
+        return Plan(((d, n + lo + hi),), extra=(d, k, lo, hi))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        d, k, lo, hi = ctx.extra
+        if not lo and not hi:
+            return fn(*args, **kwargs)
+        x = args[0]
+        pad = list(args[1])
+        pad[2 * k], pad[2 * k + 1] = lo, 0  # along d: lo now, the rest by the mask below
+        value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+        y = fn(x, pad, value)
+        room = ctx.bouts[0]
+        y = pad_to(y, d, room) if y.shape[d] < room else lax.slice_in_dim(y, 0, room, axis=d)
+        at = lax.broadcasted_iota(jnp.int32, y.shape, d)
+        v = jnp.asarray(value) != 0 if y.dtype == jnp.bool_ else jnp.asarray(value).astype(y.dtype)
+        return jnp.where((at >= lo + n) & (at < lo + n + hi), v, y)
+
+
 def _reductions() -> dict:
     s, k = (1, "dim"), (2, "keepdim")
     return {
@@ -658,6 +691,7 @@ RULES: dict[str, Rule] = {
     "_softmax_backward_data": SoftmaxBackward(False), "_log_softmax_backward_data": SoftmaxBackward(True),
     "clone": Clone(),
     "slice_backward": SliceBackward(),
+    "constant_pad_nd": ConstantPad(),
     "copy": _POINTWISE,
     "where.self": _POINTWISE,
     "masked_fill.Scalar": _POINTWISE,
