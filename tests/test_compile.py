@@ -319,6 +319,31 @@ def test_mark_dynamic_runs_one_program_per_bucket(policy, monkeypatch):
         assert m["dynamic_graph_inputs"] == 4
 
 
+def test_a_size_that_keeps_coming_back_gets_its_own_program(monkeypatch):
+    # a symbolic graph serves a size with no program of its own in buckets (the deferred
+    # route, op by op on the host); past EXACT_AFTER calls of one size, that size compiles
+    # its own program, and later calls of it are jitted calls
+    from torchtpu.compile import runtime
+
+    monkeypatch.setattr(runtime, "EXACT_AFTER", 2)
+    torch._dynamo.reset()
+
+    def f(x):
+        return (x.softmax(-1) * 3).sum(0)
+
+    g = torch.compile(f, backend="tpu")
+    torchtpu.reset_metrics()
+    for n in (5, 7, 7, 7, 7, 9):
+        x = torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
+        xt = tpu(x)
+        torch._dynamo.mark_dynamic(xt, 0)
+        assert_same(g(xt), f(x))
+    m = torchtpu.metrics()
+    assert m["deferred_graph_calls"] == 4  # 5, 7, 7, 9
+    assert m["graph_sizes_exact"] == 1 and m["compile_graphs"] == 1  # the third 7
+    assert m["region_compiles"] == 1  # one bucket (16) for 5, 7 and 9
+
+
 def test_graph_over_symbolic_sizes_lays_out_and_addresses_as_traced(no_fallback):
     # A graph Dynamo traced over symbolic sizes runs once per size: its outputs take the strides
     # the trace gave them at each size (the code after it was traced with them), and an
