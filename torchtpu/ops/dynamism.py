@@ -646,10 +646,10 @@ class ConstantPad(Rule):
         if not lo and not hi:
             return fn(*args, **kwargs)
         x = args[0]
-        pad = list(args[1])
+        pad = list(args[1] if len(args) > 1 else kwargs.pop("pad"))
         pad[2 * k], pad[2 * k + 1] = lo, 0  # along d: lo now, the rest by the mask below
-        value = args[2] if len(args) > 2 else kwargs.get("value", 0)
-        y = fn(x, pad, value)
+        value = args[2] if len(args) > 2 else kwargs.pop("value", 0)
+        y = fn(x, pad, value, **kwargs)
         room = ctx.bouts[0]
         y = pad_to(y, d, room) if y.shape[d] < room else lax.slice_in_dim(y, 0, room, axis=d)
         at = lax.broadcasted_iota(jnp.int32, y.shape, d)
