@@ -375,8 +375,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
         sizes[i] = info.bucket
         rules.put_arg(pargs, pkwargs, path, sizes)
     pack = _packing(low, rule, plan, args, kwargs, found)
-    ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra,
-                    tuple(sorted(packed, key=repr)), pack)
+    ctx = rules.Ctx(tuple(dims.items()) if len(dims) == 1 else tuple(sorted(dims.items(), key=repr)), plan.pads,
+                    info.bucket, tuple(bouts), plan.extra, tuple(sorted(packed, key=repr)) if packed else (), pack)
     syn = _padded_lowering(low, rule, ctx)
     pkwargs["dyn_n"] = info.n
     bump("dynamic_ops")
