@@ -315,7 +315,7 @@ def test_mark_dynamic_runs_one_program_per_bucket(policy, monkeypatch):
     if policy == "off":
         assert m["compile_graphs"] == 3  # one XLA program per concrete shape
     else:
-        assert m.get("compile_graphs", 0) == 0 and m["region_compiles"] == 2  # buckets 16 and 32
+        assert m.get("compile_graphs", 0) == 0 and m["region_compiles"] == 1  # one bucket (64) for all
         assert m["dynamic_graph_inputs"] == 4
 
 
@@ -341,7 +341,7 @@ def test_a_size_that_keeps_coming_back_gets_its_own_program(monkeypatch):
     m = torchtpu.metrics()
     assert m["deferred_graph_calls"] == 4  # 5, 7, 7, 9
     assert m["graph_sizes_exact"] == 1 and m["compile_graphs"] == 1  # the third 7
-    assert m["region_compiles"] == 1  # one bucket (16) for 5, 7 and 9
+    assert m["region_compiles"] == 1  # one bucket (64) for 5, 7 and 9
 
 
 def test_graph_over_symbolic_sizes_lays_out_and_addresses_as_traced(no_fallback):

@@ -223,6 +223,12 @@ def graph_views():
         state.graph_views = before
 
 
+# A compiled graph's inputs pad to at least this many positions: a graph costs far more to
+# compile than one op, so its buckets start coarser (a prompt of 17 tokens and one of 60
+# share a program; the short one computes over 64 positions, at most 4x its own).
+GRAPH_MIN_BUCKET = 64
+
+
 def vary_inputs(args: list, dims) -> bool:
     """Replace, in `args`, each tpu tensor at (position, dim) of `dims` by a dynamic (not
     strict) copy padded along dim to its bucket (a compiled graph's inputs whose size Dynamo
@@ -248,7 +254,7 @@ def vary_inputs(args: list, dims) -> bool:
         # under growth_bound a size within it pads to the bound, as a tensor starting to grow
         # there does: a generate's prefill and its decode steps share that one bucket
         upper = growth.bound if growth.bound is not None and n <= growth.bound else None
-        args[i] = _padded_copy(t, entry, d, growth.bucket_of(n) if upper else bucket(n), upper)
+        args[i] = _padded_copy(t, entry, d, growth.bucket_of(n) if upper else max(GRAPH_MIN_BUCKET, bucket(n)), upper)
         bump("dynamic_graph_inputs")
     return bool(todo)
 
@@ -671,7 +677,7 @@ def vary_factory(low: Lowering, args, kwargs, run):
     # symbolic because it varies: bucketed from its first length
     if extents.varying(_index_shapes, key, (n,)) is None and not state.graph_views:
         return None
-    b = bucket(n)
+    b = max(GRAPH_MIN_BUCKET, bucket(n)) if state.graph_views else bucket(n)  # (a graph's inputs' buckets)
     whole = run(low, (b,), kwargs)
     t = tensors.alias(whole, (n,), (1,), 0)
     _auto(t, 0, n, b)
