@@ -229,6 +229,11 @@ def graph_views():
 GRAPH_MIN_BUCKET = 64
 
 
+def graph_bucket(n: int) -> int:
+    """The bucket of size n for a compiled graph's varying inputs and the ranges inside it."""
+    return max(GRAPH_MIN_BUCKET, bucket(n))
+
+
 def vary_inputs(args: list, dims) -> bool:
     """Replace, in `args`, each tpu tensor at (position, dim) of `dims` by a dynamic (not
     strict) copy padded along dim to its bucket (a compiled graph's inputs whose size Dynamo
@@ -242,11 +247,8 @@ def vary_inputs(args: list, dims) -> bool:
         t = args[i]
         if not isinstance(t, torch.Tensor):
             continue
-        if (t.device.type != "tpu" or t.dim() <= d or t.shape[d] < 2 or t.numel() > _MAX_MOVED
-                or any(n != 1 for n in t.shape[:d])):
-            return False  # (as vary_index: through the host, and CPU's strides kept)
-        entry = table.get(t.untyped_storage()._cdata)
-        if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(t.dtype):
+        entry = _computed_entry(t) if t.device.type == "tpu" and d < t.dim() else None
+        if entry is None or t.shape[d] < 2 or not _paddable(t, d):
             return False
         todo.append((i, d, t, entry))
     for i, d, t, entry in todo:
@@ -254,7 +256,7 @@ def vary_inputs(args: list, dims) -> bool:
         # under growth_bound a size within it pads to the bound, as a tensor starting to grow
         # there does: a generate's prefill and its decode steps share that one bucket
         upper = growth.bound if growth.bound is not None and n <= growth.bound else None
-        args[i] = _padded_copy(t, entry, d, growth.bucket_of(n) if upper else max(GRAPH_MIN_BUCKET, bucket(n)), upper)
+        args[i] = _padded_copy(t, entry, d, growth.bucket_of(n) if upper else graph_bucket(n), upper)
         bump("dynamic_graph_inputs")
     return bool(todo)
 
@@ -381,8 +383,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
         sizes[i] = info.bucket
         rules.put_arg(pargs, pkwargs, path, sizes)
     pack = _packing(low, rule, plan, args, kwargs, found)
-    ctx = rules.Ctx(tuple(dims.items()) if len(dims) == 1 else tuple(sorted(dims.items(), key=repr)), plan.pads,
-                    info.bucket, tuple(bouts), plan.extra, tuple(sorted(packed, key=repr)) if packed else (), pack)
+    ctx = rules.Ctx(tuple(sorted(dims.items(), key=repr)), plan.pads, info.bucket, tuple(bouts), plan.extra,
+                    tuple(sorted(packed, key=repr)), pack)
     syn = _padded_lowering(low, rule, ctx)
     pkwargs["dyn_n"] = info.n
     bump("dynamic_ops")
@@ -583,6 +585,21 @@ _index_shapes = _caches.register("index shapes seen", _caches.LRU(_caches.limit(
 _MAX_MOVED = 1 << 16  # elements: a bigger index is not worth a trip through the host
 
 
+def _paddable(t: torch.Tensor, d: int) -> bool:
+    """Whether a padded copy of `t` along d keeps CPU's strides and is worth the host trip:
+    small, its dim outermost but for size-1 dims (a bucket's strides would show before it)."""
+    return t.numel() <= _MAX_MOVED and all(n == 1 for n in t.shape[:d])
+
+
+def _computed_entry(t: torch.Tensor):
+    """`t`'s storage entry when its buffer is computed and of t's dtype, else None (a value of
+    a deferred region: reading it would end the region; a view of another dtype)."""
+    entry = table.get(t.untyped_storage()._cdata)
+    if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(t.dtype):
+        return None
+    return entry
+
+
 def vary_index(low: Lowering, args, kwargs):
     """The arguments of an index_select/embedding call, its index replaced by a dynamic padded
     copy when its length keeps changing for one op signature (see above)."""
@@ -602,20 +619,18 @@ def vary_index(low: Lowering, args, kwargs):
     if dims is None:
         return args
     dims = sorted(dims)
-    if (len(dims) != 1 or shape[dims[0]] <= 1 or idx.numel() > _MAX_MOVED
-            or any(n != 1 for n in shape[:dims[0]]) or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
-        # only where the result stays a contiguous tensor (its varying dim outermost but for
-        # size-1 dims), with CPU's strides: a bucket's strides show in the dims before it
-        return args
-    entry = table.get(idx.untyped_storage()._cdata)
+    if (len(dims) != 1 or shape[dims[0]] <= 1 or not _paddable(idx, dims[0])
+            or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
+        return args  # only where the result stays a contiguous tensor, with CPU's strides
     window = _window(idx, dims[0], bucket(shape[dims[0]]))
     if window is not None:  # a row prefix of an index buffer: the bucket read from its storage
-        _marked[entry] = window
+        _marked[table.get(idx.untyped_storage()._cdata)] = window
         executor.intercept("dynamic", execute)
         bump("dynamic_indices")
         return args
-    if entry is None or not isinstance(entry.buf, jax.Array) or entry.dtype != to_jax_dtype(idx.dtype):
-        return args  # a value of a deferred region (reading it would end the region), a view of another dtype
+    entry = _computed_entry(idx)
+    if entry is None:
+        return args
     bump("dynamic_indices")
     # the call gets a padded copy; the user's tensor stays as it is (a compiled graph it meets
     # later, on every rank alike, sees the tensor it was traced with)
@@ -677,7 +692,7 @@ def vary_factory(low: Lowering, args, kwargs, run):
     # symbolic because it varies: bucketed from its first length
     if extents.varying(_index_shapes, key, (n,)) is None and not state.graph_views:
         return None
-    b = max(GRAPH_MIN_BUCKET, bucket(n)) if state.graph_views else bucket(n)  # (a graph's inputs' buckets)
+    b = graph_bucket(n) if state.graph_views else bucket(n)  # (as a graph's inputs are padded)
     whole = run(low, (b,), kwargs)
     t = tensors.alias(whole, (n,), (1,), 0)
     _auto(t, 0, n, b)

@@ -108,20 +108,13 @@ def put_arg(args, kwargs, path, value):
 def tensor_paths(args, kwargs):
     """Every tensor argument's path (tensors on the torch side or arrays inside a trace)."""
     out = []
-    for i, v in enumerate(args):
-        _paths_of((i,), v, out)
-    if kwargs:
-        for k, v in kwargs.items():
-            _paths_of((k,), v, out)
+    items = [((i,), a) for i, a in enumerate(args)] + [((k,), v) for k, v in kwargs.items()]
+    for p, v in items:
+        if isinstance(v, (list, tuple)):
+            out += [p + (j,) for j, x in enumerate(v) if _is_tensor(x)]
+        elif _is_tensor(v):
+            out.append(p)
     return out
-
-
-def _paths_of(p, v, out) -> None:
-    tv = type(v)
-    if tv is list or tv is tuple:
-        out += [p + (j,) for j, x in enumerate(v) if _is_tensor(x)]
-    elif tv is torch.Tensor or tv is not int and tv is not float and tv is not bool and _is_tensor(v):
-        out.append(p)  # (the common number and tensor types are told apart without isinstance)
 
 
 def _is_tensor(v) -> bool:
