@@ -322,7 +322,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
         (p0, (d0, info)), = list(found.items())[:1]
     dims = {p: d for p, (d, _) in found.items()}
     plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
-    if low.mode != "functional" and any(i.inner is not None or i.window for _, i in found.values()):
+    if low.mode != "functional" and any(i.inner is not None or i.window for p, (_, i) in found.items()
+                                        if p == _target(low, args, kwargs)):
         # a write into (or out= over) a packed tensor or a window: on the true sizes (a packed
         # tensor holds them as is; past a window's true extent lies data that is not its own)
         bump("dynamic_exact")
@@ -339,7 +340,7 @@ def execute(low: Lowering, args, kwargs, serve, run):
             args, kwargs = moved
             dims = {p: d for p, (d, _) in found.items()}
             plan = rule.plan(args, kwargs, dims, info.n)
-    if plan is rules.EXACT or (low.mode == "inplace" and plan is not None
+    if plan is rules.EXACT or (low.mode == "inplace" and plan is not None and not plan.into_static
                                and _target(low, args, kwargs) not in dims):
         bump("dynamic_exact")  # a contiguous copy, a write into a static tensor
         return serve(low, args, kwargs)
@@ -420,9 +421,34 @@ def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
     never the tensor an in-place op writes. None when none moved; `found` gets the moved."""
     target = _target(low, args, kwargs) if low.mode == "inplace" else None
     pargs, pkwargs, moved = list(args), dict(kwargs), False
+    wide: dict = {}
+    for p, d in pads:
+        wide.setdefault(p, []).append(d)
+    for p, ds in wide.items():
+        t = rules.get(args, kwargs, p)
+        if len(ds) == 1 or p == target or not isinstance(t, torch.Tensor) or any(t.shape[d] != info.n for d in ds):
+            continue
+        # padded along two dims (attention's mask over n queries and n keys): not a dynamic
+        # tensor (one dim each), a static one of the bucket's sizes, what lies past the true
+        # extents never reaching a true result (the rule masks the keys; query rows are cut)
+        shape = list(t.shape)
+        for d in ds:
+            shape[d] = info.bucket
+        entry = table.get(t.untyped_storage()._cdata)
+        if (entry is not None and entry.buf is not None and entry.dtype == to_jax_dtype(t.dtype)
+                and all(s > 0 for s in t.stride())
+                and t.storage_offset() + geometry.extent_of(shape, t.stride()) <= entry.numel):
+            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
+            bump("dynamic_windows")
+        elif t.numel() <= _MAX_MOVED and _computed_entry(t) is not None:
+            rules.put_arg(pargs, pkwargs, p, _host_room(t, entry, shape))
+            bump("dynamic_padded_args")
+        else:
+            continue
+        moved = True
     for p, d in pads:
         t = rules.get(args, kwargs, p)
-        if p == target or not isinstance(t, torch.Tensor) or t.shape[d] != info.n:
+        if len(wide[p]) > 1 or p == target or not isinstance(t, torch.Tensor) or t.shape[d] != info.n:
             continue
         w = _window(t, d, info.bucket)
         if w is not None:  # read in place: the bucket is a window of its own storage
@@ -615,14 +641,16 @@ def vary_index(low: Lowering, args, kwargs):
         return args
     key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), args[1] if i == 2 else None)
     shape = tuple(idx.shape)
-    dims = extents.varying(_index_shapes, key, shape)
+    dims = extents.varying(_index_shapes, key, shape, _prefix_dims(idx))
     if dims is None:
         return args
     dims = sorted(dims)
     if (len(dims) != 1 or shape[dims[0]] <= 1 or not _paddable(idx, dims[0])
             or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
         return args  # only where the result stays a contiguous tensor, with CPU's strides
-    window = _window(idx, dims[0], bucket(shape[dims[0]]))
+    d, n = dims[0], shape[dims[0]]
+    b = extents.buckets(_index_shapes, key, (n,), lambda u: _window(idx, d, u[0]) is not None)[0]
+    window = _window(idx, d, b)
     if window is not None:  # a row prefix of an index buffer: the bucket read from its storage
         _marked[table.get(idx.untyped_storage()._cdata)] = window
         executor.intercept("dynamic", execute)
@@ -635,8 +663,22 @@ def vary_index(low: Lowering, args, kwargs):
     # the call gets a padded copy; the user's tensor stays as it is (a compiled graph it meets
     # later, on every rank alike, sees the tensor it was traced with)
     args = list(args)
-    args[i] = _padded_copy(idx, entry, dims[0], bucket(shape[dims[0]]))
+    args[i] = _padded_copy(idx, entry, d, b)
     return tuple(args)
+
+
+def _prefix_dims(idx: torch.Tensor) -> tuple:
+    """(d,) when `idx` is a prefix along d, its one dim of size above 1, of a bigger storage
+    with room for its bucket there: a serving loop's row of a preallocated index buffer
+    sliced to each step's length, whose length varies from its first call."""
+    big = [d for d, n in enumerate(idx.shape) if n > 1]
+    if len(big) != 1 or idx.device.type != "tpu":
+        return ()
+    entry = table.get(idx.untyped_storage()._cdata)
+    d = big[0]
+    if entry is None or idx.numel() >= entry.numel or _window(idx, d, bucket(idx.shape[d])) is None:
+        return ()
+    return (d,)
 
 
 def _vary_source(low: Lowering, args, kwargs):
@@ -692,7 +734,8 @@ def vary_factory(low: Lowering, args, kwargs, run):
     # symbolic because it varies: bucketed from its first length
     if extents.varying(_index_shapes, key, (n,)) is None and not state.graph_views:
         return None
-    b = graph_bucket(n) if state.graph_views else bucket(n)  # (as a graph's inputs are padded)
+    # (as a graph's inputs are padded)
+    b = graph_bucket(n) if state.graph_views else extents.buckets(_index_shapes, key, (n,))[0]
     whole = run(low, (b,), kwargs)
     t = tensors.alias(whole, (n,), (1,), 0)
     _auto(t, 0, n, b)

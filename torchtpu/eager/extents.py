@@ -47,23 +47,86 @@ def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
-def varying(history, key, shape) -> set | None:
+def varying(history, key, shape, early=None) -> set | None:
     """The policy, for the op signature `key` (sizes left out) called at `shape`: the dims in
     which its shapes have varied, once it has seen more than AFTER distinct shapes and this
-    is not its first; None while it runs exact. `history` (an LRU) keeps what it has seen."""
+    is not its first; None while it runs exact. `early`: dims the caller knows vary from the
+    first call (a prefix of a preallocated buffer), bucketed from it, with those found to
+    vary later. `history` (an LRU) keeps what it has seen: [first shape, distinct shapes (up
+    to AFTER + 1), varying dims, bucket tuples it ran at, whether it was bucketed from the
+    first]."""
     seen = history.get(key)
     if seen is None:
-        history[key] = [shape, {shape}, set()]
-        return None
-    first, shapes, dims = seen
-    if shape == first:
+        history[key] = [shape, {shape}, set(early or ()), set(), bool(early)]
+        return set(early) if early else None
+    first, shapes, dims, _, bucketed = seen
+    if shape == first and not bucketed:
         return None  # its exact program exists
     dims.update(d for d in range(len(shape)) if shape[d] != first[d])
+    if bucketed:
+        return dims
     if len(shapes) <= AFTER:
         shapes.add(shape)
         if len(shapes) <= AFTER:
             return None
     return dims
+
+
+# A bucket up to REUSE times a size's own serves it when its signature has run at that bucket
+# before: a serving loop's prefill of 100 tokens after one of 133 reuses the 256 bucket's
+# programs (at most 4x the true size computed, for a whole chain of compiles saved). A small
+# window (at most SMALL elements: a mask row, one request's causal block) takes the largest
+# bucket it has run at, whatever its size: its padding costs nothing next to a compile, and
+# one program for every size keeps a deferred region's ops the same from step to step (each
+# request's row at its own bucket made a new region whenever one request crossed an edge).
+REUSE = 2
+SMALL = 1 << 12
+
+
+def buckets(history, key, sizes, fits=None, inner: int | None = None) -> tuple:
+    """The buckets (one per varying dim) serving true `sizes` for the signature `key`, which
+    varying() has seen: among the tuples it ran at before that hold every size (and pass
+    `fits`, when given), the largest whose window (`inner` elements per position) is at most
+    SMALL (None: no small rule, what follows is of unknown size), else the smallest within
+    REUSE of each size's own bucket; else each size's own bucket, which it then remembers."""
+    own = tuple(bucket(n) for n in sizes)
+    used = history[key][3]
+    small = best = None
+    for u in used:
+        if len(u) != len(own) or any(b < n for n, b in zip(sizes, u)) or (fits is not None and not fits(u)):
+            continue
+        size = math.prod(u)
+        if inner is not None and size * inner <= SMALL:
+            if small is None or size > math.prod(small):
+                small = u
+        elif all(b <= REUSE * o for b, o in zip(u, own)) and (best is None or size < math.prod(best)):
+            best = u
+    pick = small or best
+    if pick is not None:
+        if pick != own:
+            bump("reused_buckets")
+        return pick
+    used.add(own)
+    return own
+
+
+def partial_dims(shape, stride, offset: int, numel: int) -> tuple:
+    """The dims along which a view of `shape`/`stride` at `offset` is a prefix of a bigger dim
+    of its storage (of `numel` elements): the next outer dim (of size above 1) steps over more
+    than its extent, or, outermost, the storage goes on past it. A preallocated buffer sliced
+    to each step's sizes is such a view; its sizes vary from its first call."""
+    out = []
+    for d, n in enumerate(shape):
+        if n <= 1 or stride[d] <= 0:
+            continue
+        outer = next((stride[j] for j in range(d - 1, -1, -1) if shape[j] > 1), None)
+        if outer is None:
+            last = offset + sum((m - 1) * st for m, st in zip(shape, stride))
+            if last + stride[d] < numel:
+                out.append(d)
+        elif outer > n * stride[d]:
+            out.append(d)
+    return tuple(out)
 
 
 def _eligible(low) -> bool:
@@ -110,15 +173,51 @@ def plan(low, flat, pos, kw):
     shape = leaves[ti].shape
     skey = (low.name, pos, kw, tuple([(lf.slot, len(lf.shape), lf.dtype, lf.flags, lf.offset is None)
                                       for lf in leaves]))
-    dims = varying(_history, skey, shape)
+    dims = varying(_history, skey, shape, _early(flat, ti, shape))
     if dims is None:
         return None
     # a varying dim at size 1 here runs at that size (a size-1 dim's stride is not in its
     # leaf): one decode row of a mask whose key length varies is bucketed along the keys
-    dims = sorted(d for d in dims if shape[d] > 1)
+    # nor one whose own bucket leaves the storage (a buffer's 7 rows of which 1, then 7, are
+    # written): the others still bucket
+    dims = sorted(d for d in dims if shape[d] > 1 and _window(flat, ti, shape, [d], [bucket(shape[d])]) is not None)
     if not dims:
         return None
     sizes = [shape[d] for d in dims]
+    chosen = buckets(_history, skey, sizes, lambda u: _fits(_window(flat, ti, shape, dims, u)),
+                     math.prod(shape) // math.prod(sizes))
+    done = _window(flat, ti, shape, dims, chosen)
+    if done is None:
+        return None
+    bump("bucketed_view_ops")
+    new, pads, fits = done
+    return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes
+
+
+def _fits(window) -> bool:
+    """Whether every leaf of a window plan() made lies inside its own storage: a bucket reused
+    past a padded source's room (eager/dynamism._vary_source) would key its program by the
+    pair of the two."""
+    return window is not None and all(window[2])
+
+
+def _early(flat, ti, shape) -> tuple:
+    """The dims of the written view bucketed from its first call: those along which it is a
+    prefix of its storage (partial_dims) with room for its bucket there."""
+    lf = flat.leaves[ti]
+    if lf.offset is None:
+        off = (flat.offsets or ())[sum(1 for x in flat.leaves[:ti] if x.offset is None)]
+    else:
+        off = lf.offset
+    dims = partial_dims(shape, lf.stride, off, flat.entries[lf.slot].numel)
+    return tuple(d for d in dims if _window(flat, ti, shape, [d], [bucket(shape[d])]) is not None)
+
+
+def _window(flat, ti, shape, dims, chosen):
+    """(leaves over the bucket window, their pads, whether each fits its storage) for an
+    in-place call writing leaf `ti` of `shape`, its `dims` padded to `chosen`; None when the
+    window would leave the written storage, or an operand's varying dim cannot be padded."""
+    leaves = flat.leaves
     offsets = iter(flat.offsets or ())
     new, pads, fits = [], [], []
     for i, lf in enumerate(leaves):
@@ -132,7 +231,7 @@ def plan(low, flat, pos, kw):
                 continue  # broadcast along the varying dim
             if lf.shape[e] != shape[d] or lf.stride[e] == 0:
                 return None
-            grown[e] = bucket(shape[d])
+            grown[e] = chosen[j]
             mine.append((e, j))
         if not mine:
             new.append(lf)
@@ -149,8 +248,7 @@ def plan(low, flat, pos, kw):
         new.append(lf._replace(shape=tuple(grown)))
         pads.append(tuple(mine))
         fits.append(fit)
-    bump("bucketed_view_ops")
-    return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes
+    return new, pads, fits
 
 
 # ---- inside the op's trace ------------------------------------------------------------------

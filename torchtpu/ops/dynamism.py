@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from . import checks
+
 EXACT = "exact"  # plan's answer for a call that must run on the true sizes (a contiguous copy)
 
 
@@ -39,6 +41,9 @@ class Plan:
     extra: tuple = ()  # rule-specific static facts for apply
     contiguous: bool = False  # dynamic results laid out as CPU's contiguous tensor (packed)
     sizes: tuple = ()  # ((path, i), ...): entry i of a static size list holds n; it gets the bucket
+    # an in-place op writing a static tensor from dynamic inputs, its padding changing nothing
+    # there (index_copy_ of a varying number of rows); else such a write runs on true sizes
+    into_static: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,11 @@ class Attention(Rule):
             if kd and mask.shape[-1] == n and n != 1:
                 pads.append((("attn_mask",), mask.dim() - 1))
             if qd and mask.dim() >= 2 and mask.shape[-2] == n and n != 1:
-                return None  # a mask padded along two dims: not one dynamic dim
+                if not (kd and mask.shape[-1] == n):
+                    return None
+                # a prefill's causal mask over n queries and n keys: padded along both (the
+                # executor reads it as a window of its storage, or a padded copy)
+                pads.append((("attn_mask",), mask.dim() - 2))
         outs = ((2, n),) if qd else (None,)
         return Plan(outs, tuple(pads), extra=(kd,))
 
@@ -489,11 +498,16 @@ class IndexSelect(Rule):
             return Plan(((dim, n),))
         d = dims[(0,)]
         if d == dim:
-            return Plan((None,))  # indices into the valid positions: a static result
+            return Plan((None,), extra=(True,))  # indices into the valid positions: a static result
         return Plan(((d, n),))
 
     def apply(self, fn, ctx, n, args, kwargs):
         _first_row(args, kwargs, (2,), ctx, n)
+        if ctx.extra:  # checked against the true size (the lowering checks the bucket's)
+            idx = args[2]
+            bad = (idx < 0) | (idx >= n)
+            checks.report(bad, exc=IndexError, message="index out of range in self")
+            args[2] = jnp.where(bad, jnp.zeros((), idx.dtype), idx)
         return fn(*args, **kwargs)
 
 
@@ -506,6 +520,62 @@ class Embedding(Rule):
     def apply(self, fn, ctx, n, args, kwargs):
         _first_row(args, kwargs, (1,), ctx, n)
         return fn(*args, **kwargs)
+
+
+class IndexTensor(Rule):
+    """x[..., idx] (index.Tensor) with one index tensor, along the dynamic dim (a serving step's
+    last position of each request): a static result. Indices wrap by the true size and are
+    checked against it (the lowering would check the bucket's), CPU's message with its size."""
+
+    def plan(self, args, kwargs, dims, n):
+        if kwargs or set(dims) != {(0,)} or len(args) != 2:
+            return None
+        d = dims[(0,)]
+        given = [k for k, a in enumerate(args[1]) if a is not None]
+        if given != [d] or args[1][d].dtype in (torch.bool, torch.uint8):
+            return None
+        return Plan((None,), extra=(d,))
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        (d,) = ctx.extra
+        indices = list(args[1])
+        i = indices[d]
+        bad = (i < -n) | (i >= n)
+        checks.report(bad, checks.first(bad, i), n, exc=IndexError,
+                      message=lambda v, size: f"index {v} is out of bounds for dimension 0 with size {size}")
+        indices[d] = jnp.where(bad, jnp.zeros((), i.dtype), jnp.where(i < 0, i + n, i))
+        return fn(args[0], indices)
+
+
+class IndexCopy(Rule):
+    """index_copy_(self, dim, index, source) of a varying number of rows into a static self (a
+    paged KV cache's writes of each step's tokens). Padded indices point at row 0 and carry
+    what row 0 gets anyway (its last true write, else its old value), so they write nothing
+    new and pass the lowering's range check."""
+
+    def plan(self, args, kwargs, dims, n):
+        if kwargs or len(args) != 4 or (0,) in dims or args[0].dim() == 0 or args[2].dim() != 1:
+            return None
+        dim = args[1] % args[0].dim()
+        if dims.get((2,), 0) != 0 or dims.get((3,), dim) != dim or args[3].dim() != args[0].dim():
+            return None
+        if args[2].shape[0] != n or args[3].shape[dim] != n:
+            return None
+        pads = tuple((p, d) for p, d in (((2,), 0), ((3,), dim)) if p not in dims)
+        return Plan((None,), pads, (dim,), into_static=True)
+
+    def apply(self, fn, ctx, n, args, kwargs):
+        self_, dim, index, source = args
+        (d,) = ctx.extra
+        b = index.shape[0]
+        at = jnp.arange(b)
+        ok = at < n
+        index = jnp.where(ok, index, jnp.zeros((), index.dtype))
+        last = jnp.max(jnp.where(ok & (index == 0), at, -1))  # the true write row 0 gets, if any
+        row = jnp.where(last >= 0, lax.dynamic_index_in_dim(source, jnp.maximum(last, 0), d),
+                        lax.index_in_dim(self_, 0, d).astype(source.dtype))
+        source = jnp.where(valid(source.shape, d, n), source, row)
+        return fn(self_, dim, index, source)
 
 
 # --- a training step's loss and backward over a varying number of rows ------------------------
@@ -685,6 +755,8 @@ RULES: dict[str, Rule] = {
     "dot": Matmul((((0,), "k"), ((1,), "k")), ""),
     "cat": Cat(),
     "index_select": IndexSelect(),
+    "index_copy": IndexCopy(),
+    "index.Tensor": IndexTensor(),
     "embedding": Embedding(),
     "embedding_dense_backward": EmbeddingBackward(),
     "nll_loss_forward": NllLoss(False), "nll_loss_backward": NllLoss(True),
