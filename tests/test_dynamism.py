@@ -220,6 +220,63 @@ def test_indexing_along_the_dim(mode):
     _check(fn, make, {0: 1, 1: 1}, mode)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_index_copy_of_a_varying_number_of_rows_into_a_static_tensor(mode):
+    """A paged KV cache's writes: index_copy_ of n rows into a static cache, index and source
+    dynamic. The padded rows write nothing, whether a true row writes row 0 or not."""
+    def make(n):
+        idx = torch.randperm(63, generator=_g(n))[:n] + 1
+        if n % 2:
+            idx[n // 2] = 0  # a true write to row 0, where the padding points
+        return [torch.randn(64, 2, 4, generator=_g(1)), idx, torch.randn(n, 2, 4, generator=_g(n + 1))]
+
+    def fn(cache, idx, src):
+        cache = cache.clone()
+        cache.index_copy_(0, idx, src)
+        along1 = cache.transpose(0, 1).clone().index_copy_(1, idx, src.transpose(0, 1))
+        return cache, along1
+
+    _check(fn, make, {1: 0, 2: 0}, mode)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_indexing_the_dynamic_dim_checks_the_true_size(mode):
+    """x[:, idx] and index_select over the dynamic dim: a static result, indices wrapped and
+    checked by the true size (the bucket's padding is never read), CPU's errors."""
+    idx = torch.tensor([0, 2, -1, -3])
+
+    def make(n):
+        return [torch.randn(3, n, 5, generator=_g(n))]
+
+    def fn(x):
+        i = idx.to(x.device)
+        return x[:, i] * 2, x.index_select(1, i.abs() % 3)
+
+    _check(fn, make, {0: 1}, mode)
+    with torchtpu.eager_mode(mode):
+        x = torchtpu.mark_dynamic(torch.randn(3, 9, 5).to("tpu"), 1, 1, 64)
+        for bad in (9, -10):
+            with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 0 with size 9"):
+                x[:, torch.tensor([1, bad], device="tpu")].cpu()
+        with pytest.raises(IndexError, match="index out of range in self"):
+            x.index_select(1, torch.tensor([9], device="tpu")).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_prefill_attention_under_a_mask_over_queries_and_keys(mode):
+    """A prefill's attention: queries and keys of one varying length, the causal mask a slice
+    of a preallocated buffer over both (read as a bucket-square window of it)."""
+    buf = torch.full((1, 1, 64, 96), float("-inf")).triu(1)
+
+    def make(n):
+        return [torch.randn(1, 2, n, 8, generator=_g(n + k)) for k in range(3)] + [buf]
+
+    def fn(q, k, v, b):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=b[:, :, :q.shape[2], :q.shape[2]])
+
+    _check(fn, make, {0: 2, 1: 2, 2: 2}, mode, atol=1e-5, rtol=1e-5)
+
+
 def test_an_op_without_a_rule_names_the_op_and_the_dim():
     t = torchtpu.mark_dynamic(torch.randn(2, 7, device="tpu"), 1, 1, 64)
     with pytest.raises(RuntimeError, match=r"aten\.flip cannot keep dim 1 of its argument 'self' dynamic"):

@@ -235,6 +235,69 @@ def test_an_index_that_is_a_row_of_a_batch(mode):
     assert moved > 0
 
 
+def _prefix_rows(buf, w, lengths):
+    return [torch.index_select(w, 0, buf[0, :n]) * 1 for n in lengths]
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_a_prefix_of_a_buffer_buckets_from_its_first_call(mode):
+    """A row prefix of a preallocated index buffer (a serving loop's input ids) varies by
+    nature: bucketed from its first call, so a later length in that bucket compiles nothing."""
+    buf, w = torch.randint(0, 100, (2, 300)), torch.randn(100, 8)
+    with torchtpu.eager_mode(mode):
+        check(_prefix_rows, buf, w, [133, 140])
+        torchtpu.clear_caches()
+        first, moved = _compiles(lambda b, w: _prefix_rows(b, w, [133]), buf, w, served="dynamic_indices")
+        again, _ = _compiles(lambda b, w: _prefix_rows(b, w, [200]), buf, w)
+    assert moved == 1 and first > 0 and again == 0, (moved, first, again)
+
+
+def test_a_bucket_run_before_serves_sizes_up_to_half_of_it():
+    """Once a signature has run at bucket 256, a size of 100 (bucket 128) reuses it rather than
+    compile its own (within REUSE = 2x its bucket); a size of 40 (bucket 64) does not (rows
+    too wide for a small window, which would take the largest bucket run)."""
+    w = torch.randn(100, 64)
+    idxs = {n: torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(n)) for n in (133, 140, 100, 40)}
+    torchtpu.clear_caches()
+    check(_gathers, w, list(idxs.values()))
+    torchtpu.clear_caches()
+    _compiles(lambda w: _gathers(w, [idxs[133], idxs[140]]), w)  # exact, then the 256 bucket
+    reused, n_reused = _compiles(lambda w: _gathers(w, [idxs[100]]), w, served="reused_buckets")
+    own, _ = _compiles(lambda w: _gathers(w, [idxs[40]]), w)
+    assert (reused, n_reused) == (0, 1) and own > 0, (reused, n_reused, own)
+
+
+def test_the_bucket_policy():
+    """extents.buckets: a size's own bucket, a bucket run before within REUSE of it, the
+    largest run before for a small window; `fits` filters what was run, never the own."""
+    h: dict = {}
+    assert extents.varying(h, "k", (133,), early=(0,)) == {0}
+    assert extents.buckets(h, "k", (133,)) == (256,)
+    assert extents.buckets(h, "k", (100,)) == (256,)  # its own 128, 256 within 2x
+    assert extents.buckets(h, "k", (40,)) == (64,)  # 256 is 4x its own: 64 is compiled
+    assert extents.buckets(h, "k", (40,), inner=16) == (256,)  # 256 x 16 elements: small
+    assert extents.buckets(h, "k", (40,), inner=32) == (64,)
+    assert extents.buckets(h, "k", (100,), fits=lambda u: u != (256,)) == (128,)
+    assert extents.varying(h, "k", (7,)) == {0}  # bucketed from the first: never exact
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_a_second_generate_batch_compiles_at_most_10_programs(mode):
+    """Issue 32's serving line: Transformers' continuous batching (paged sdpa, no padding
+    settings), 8 requests x 32 tokens, then 8 more of other prompt lengths: the second batch
+    compiles at most 10 programs (region programs in defer_and_fuse); tokens equal CPU's."""
+    pytest.importorskip("transformers")
+    from torchtpu.bench import churn
+
+    first, second = churn.WORKLOADS["batching"][1:]
+    torchtpu.clear_caches()
+    with torchtpu.eager_mode(mode):
+        churn._run(churn._batching, "tpu", first)
+        got, _, programs = churn._run(churn._batching, "tpu", second)
+    assert churn._equal(got, churn._batching("cpu", second))
+    assert programs <= 10, programs
+
+
 # ---- a paged-cache decode loop (continuous batching's shape of work) ----------------------
 
 

@@ -649,7 +649,10 @@ def vary_index(low: Lowering, args, kwargs):
             or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
         return args  # only where the result stays a contiguous tensor, with CPU's strides
     d, n = dims[0], shape[dims[0]]
-    b = extents.buckets(_index_shapes, key, (n,), lambda u: _window(idx, d, u[0]) is not None)[0]
+    # a window of its storage at its own bucket keeps to windows (a host copy costs a trip)
+    windowed = _window(idx, d, bucket(n)) is not None
+    b = extents.buckets(_index_shapes, key, (n,), (lambda u: _window(idx, d, u[0]) is not None) if windowed else None,
+                        src.numel() // max(src.shape[args[1] % max(src.dim(), 1)] if i == 2 else src.shape[0], 1))[0]
     window = _window(idx, d, b)
     if window is not None:  # a row prefix of an index buffer: the bucket read from its storage
         _marked[table.get(idx.untyped_storage()._cdata)] = window

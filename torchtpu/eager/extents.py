@@ -194,6 +194,13 @@ def plan(low, flat, pos, kw):
     return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes
 
 
+def _overlaps(shape, stride) -> bool:
+    """Whether two positions of a view of `shape`/`stride` may share an element: each dim's
+    extent must stay below the next bigger stride (the sufficient test, dims of size 1 aside)."""
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n > 1)
+    return any(n * st > nxt for (st, n), (nxt, _) in zip(dims, dims[1:]))
+
+
 def _fits(window) -> bool:
     """Whether every leaf of a window plan() made lies inside its own storage: a bucket reused
     past a padded source's room (eager/dynamism._vary_source) would key its program by the
@@ -245,6 +252,8 @@ def _window(flat, ti, shape, dims, chosen):
             # the window would leave the written storage; or the operand is a whole tensor,
             # whose storage's size is in the program's signature anyway
             return None
+        if i == ti and _overlaps(grown, lf.stride):
+            return None  # its padding would land on its own true positions (a transposed block)
         new.append(lf._replace(shape=tuple(grown)))
         pads.append(tuple(mine))
         fits.append(fit)
