@@ -277,6 +277,53 @@ def test_prefill_attention_under_a_mask_over_queries_and_keys(mode):
     _check(fn, make, {0: 2, 1: 2, 2: 2}, mode, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_decode_attention_with_queries_and_keys_of_two_sizes(mode):
+    """A serving step: a few query rows (the requests decoding now, a count that varies) over
+    many keys, the mask a slice of a preallocated buffer over both. The queries run padded
+    to their bucket beside the keys' and the result comes back dynamic along them; a second
+    pair of sizes in the same buckets compiles nothing."""
+    buf = torch.randn(1, 1, 16, 96)
+    out = {}
+    for dev in ("cpu", "tpu"):
+        with torchtpu.eager_mode(mode):
+            b, res, counts = buf.to(dev), [], []
+            for q, k in ((5, 40), (7, 50), (6, 45), (3, 33)):
+                qs = torch.randn(1, 2, q, 8, generator=_g(q)).to(dev)
+                ks = torch.randn(1, 2, k, 8, generator=_g(k)).to(dev)
+                if dev == "tpu":
+                    qs = torchtpu.mark_dynamic(qs, 2)
+                    ks = torchtpu.mark_dynamic(ks, 2)
+                before = _compiles()
+                o = F.scaled_dot_product_attention(qs * 1, ks * 1, ks * 2, attn_mask=b[:, :, :q, :k])
+                res.append((o * 3).sum(-1))
+                if dev == "tpu":
+                    assert torchtpu.get_dynamism(o) == {2: (0, None)}, torchtpu.get_dynamism(o)
+                    counts.append(_compiles() - before)
+            out[dev] = res
+    assert_same(out["tpu"], out["cpu"], atol=1e-5, rtol=1e-5)
+    assert counts[2] == 0, counts  # (6, 45): buckets (16, 64) again
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_picking_a_varying_number_of_positions(mode):
+    """x[:, idx_buf[:q]] (a serving step's last position of each of its q requests): the index a
+    window of its buffer, the result dynamic along the picked dim; another q of the bucket
+    compiles nothing."""
+    x, idx_buf = torch.randn(1, 30, 8), torch.randint(0, 30, (64,))
+    out = {}
+    for dev in ("cpu", "tpu"):
+        with torchtpu.eager_mode(mode):
+            xs, ib, res, counts = x.to(dev), idx_buf.to(dev), [], []
+            for q in (5, 9, 7, 12, 3):
+                before = _compiles()
+                res.append((xs[:, ib[:q]] * 2).sum(-1))
+                counts.append(_compiles() - before)
+            out[dev] = res
+    assert_same(out["tpu"], out["cpu"])
+    assert counts[2:] == [0, 0, 0], counts
+
+
 def test_an_op_without_a_rule_names_the_op_and_the_dim():
     t = torchtpu.mark_dynamic(torch.randn(2, 7, device="tpu"), 1, 1, 64)
     with pytest.raises(RuntimeError, match=r"aten\.flip cannot keep dim 1 of its argument 'self' dynamic"):

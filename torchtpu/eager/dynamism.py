@@ -312,14 +312,20 @@ def execute(low: Lowering, args, kwargs, serve, run):
     strict = any(i.strict for _, i in found.values())
     functional = low.functional or low
     rule = rules.rule_for(functional.name, low.fn) if low.mode != "out" else None
+    rows = None  # (_second_rows) results following a second size's rows
     if any((i.n, i.bucket) != (info.n, info.bucket) for _, i in found.values()):
-        if strict:
-            raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
+        every = found
         found = _one_size(rule, args, kwargs, found)
+        second = None if found is None else _second_rows(
+            rule, args, kwargs, {p: v for p, v in every.items() if p not in found})
+        if strict and second is None:
+            raise _refuse(low, p0, d0, info, "its other dynamic arguments have other sizes or buckets")
         if found is None:
             bump("dynamic_exact")
             return serve(low, args, kwargs)
         (p0, (d0, info)), = list(found.items())[:1]
+        if second is not None:
+            args, kwargs, rows = second
     dims = {p: d for p, (d, _) in found.items()}
     plan = None if rule is None else rule.plan(args, kwargs, dims, info.n)
     if low.mode != "functional" and any(i.inner is not None or i.window for p, (_, i) in found.items()
@@ -393,6 +399,8 @@ def execute(low: Lowering, args, kwargs, serve, run):
     if low.mode == "inplace":
         return None if res is None else rules.get(args, kwargs, _target(low, args, kwargs))
     out = _results(res, plan, bouts, info, _broadcast_shape(args, kwargs) if pack else None)
+    if rows is not None:
+        out = _row_results(out, *rows)
     if low.name == "cat" and not info.strict and plan.extra and plan.extra[0]:
         _grew(out, plan.outs[0][0], plan.outs[0][1] - info.n)
     return out
@@ -412,6 +420,74 @@ def _one_size(rule, args, kwargs, found):
     return None
 
 
+def _bucket_view(t: torch.Tensor, sizes: dict):
+    """`t` with the dims of `sizes` ({dim: bucket}) grown to their buckets, as a static tensor:
+    a window of its own storage where it fits there, else a padded copy through the host
+    (small, computed buffers only); None when neither. What lies past the true extents is
+    the storage's, never reaching a true result (the rules mask keys and cut rows)."""
+    shape = list(t.shape)
+    for d, b in sizes.items():
+        shape[d] = b
+    entry = table.get(t.untyped_storage()._cdata) if t.device.type == "tpu" else None
+    if entry is None:
+        return None
+    if (entry.buf is not None and entry.dtype == to_jax_dtype(t.dtype) and all(s > 0 for s in t.stride())
+            and t.storage_offset() + geometry.extent_of(shape, t.stride()) <= entry.numel):
+        bump("dynamic_windows")
+        return tensors.alias(t, shape, t.stride(), t.storage_offset())
+    if t.numel() <= _MAX_MOVED and _computed_entry(t) is not None:
+        bump("dynamic_padded_args")
+        return _host_room(t, entry, shape)
+    return None
+
+
+def _second_rows(rule, args, kwargs, rest: dict):
+    """(args, kwargs, rows) with the arguments dynamic at a second size (beside the size the
+    rule serves) passed as static tensors of their bucket, where the rule keeps their rows
+    independent (`rows`: attention's queries beside its keys), with the static arguments of
+    that size padded alike; the results along those rows are made dynamic after the call
+    (_row_results). None where the rule has no such rows: they run at their true size."""
+    at = getattr(rule, "rows", None)
+    if at is None or len(rest) != 1:
+        return None
+    ((p, (d, i)),) = rest.items()
+    if i.inner is not None:
+        return None  # packed: its storage is no padded layout
+    spec = at(args, kwargs, {p: d})
+    if spec is None:
+        return None
+    outs, extra = spec
+    pargs, pkwargs = list(args), dict(kwargs)
+    t = rules.get(args, kwargs, p)
+    shape = list(t.shape)
+    shape[d] = i.bucket
+    rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, _padded_strides(t, shape), t.storage_offset()))
+    for q, e in extra:
+        new = _bucket_view(rules.get(args, kwargs, q), {e: i.bucket})
+        if new is None:
+            return None
+        rules.put_arg(pargs, pkwargs, q, new)
+    bump("dynamic_second_rows")
+    return tuple(pargs), pkwargs, (outs, i)
+
+
+def _row_results(out, outs: dict, info: Dyn):
+    """The results along the second size's rows (_second_rows) cut to its true size, dynamic."""
+    many = isinstance(out, (tuple, list))
+    items = list(out) if many else [out]
+    for k, d in outs.items():
+        r = items[k] if k < len(items) else None
+        if r is None or r.dim() <= d or r.shape[d] != info.bucket:
+            continue
+        shape = list(r.shape)
+        shape[d] = info.n
+        items[k] = tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
+        _marked[storage.lookup(r)] = Dyn(r.stride(d), info.n, info.bucket, info.lower, info.upper, info.strict)
+    if not many:
+        return items[0]
+    return tuple(items) if isinstance(out, tuple) else items
+
+
 def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
     """(args, kwargs) with the static arguments the plan would pad inside the program (a
     loss's targets beside dynamic scores, a mask beside dynamic keys) replaced, for this
@@ -429,22 +505,11 @@ def _pad_small(low: Lowering, args, kwargs, pads, info: Dyn, found: dict):
         if len(ds) == 1 or p == target or not isinstance(t, torch.Tensor) or any(t.shape[d] != info.n for d in ds):
             continue
         # padded along two dims (attention's mask over n queries and n keys): not a dynamic
-        # tensor (one dim each), a static one of the bucket's sizes, what lies past the true
-        # extents never reaching a true result (the rule masks the keys; query rows are cut)
-        shape = list(t.shape)
-        for d in ds:
-            shape[d] = info.bucket
-        entry = table.get(t.untyped_storage()._cdata)
-        if (entry is not None and entry.buf is not None and entry.dtype == to_jax_dtype(t.dtype)
-                and all(s > 0 for s in t.stride())
-                and t.storage_offset() + geometry.extent_of(shape, t.stride()) <= entry.numel):
-            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, t.stride(), t.storage_offset()))
-            bump("dynamic_windows")
-        elif t.numel() <= _MAX_MOVED and _computed_entry(t) is not None:
-            rules.put_arg(pargs, pkwargs, p, _host_room(t, entry, shape))
-            bump("dynamic_padded_args")
-        else:
+        # tensor (one dim each), a static one of the bucket's sizes
+        new = _bucket_view(t, {d: info.bucket for d in ds})
+        if new is None:
             continue
+        rules.put_arg(pargs, pkwargs, p, new)
         moved = True
     for p, d in pads:
         t = rules.get(args, kwargs, p)
@@ -626,33 +691,50 @@ def _computed_entry(t: torch.Tensor):
     return entry
 
 
+def _index_at(low: Lowering, args):
+    """(path of the index tensor, the dim of the source it picks along) of an index_select,
+    embedding or x[..., idx] call with one index tensor, else None."""
+    if low.name != "index.Tensor":
+        i = _INDEX_ARG[low.name]
+        if len(args) <= i:
+            return None
+        return (i,), (args[1] % max(args[0].dim(), 1) if i == 2 and isinstance(args[0], torch.Tensor) else 0)
+    if len(args) != 2 or not isinstance(args[1], (list, tuple)):
+        return None
+    given = [k for k, a in enumerate(args[1]) if a is not None]
+    if len(given) != 1 or not isinstance(args[1][given[0]], torch.Tensor) or args[1][given[0]].dim() != 1:
+        return None
+    return (1, given[0]), given[0]
+
+
 def vary_index(low: Lowering, args, kwargs):
-    """The arguments of an index_select/embedding call, its index replaced by a dynamic padded
-    copy when its length keeps changing for one op signature (see above)."""
-    i = _INDEX_ARG[low.name]
+    """The arguments of an index_select/embedding/x[..., idx] call, its index replaced by a
+    dynamic padded copy when its length keeps changing for one op signature (see above)."""
     after = extents.AFTER
-    if not after or len(args) <= i:
+    at = _index_at(low, args) if after else None
+    if at is None:
         return args
-    idx, src = args[i], args[0]
+    path, along = at
+    idx, src = rules.get(args, {}, path), args[0]
     if (not isinstance(idx, torch.Tensor) or idx.device.type != "tpu" or idx.dim() == 0
-            or not isinstance(src, torch.Tensor)):
+            or not isinstance(src, torch.Tensor) or idx.dtype in (torch.bool, torch.uint8)):
         return args
     if _find(idx) is not None:
         return args
-    key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), args[1] if i == 2 else None)
+    key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), path, along)
     shape = tuple(idx.shape)
     dims = extents.varying(_index_shapes, key, shape, _prefix_dims(idx))
     if dims is None:
         return args
     dims = sorted(dims)
     if (len(dims) != 1 or shape[dims[0]] <= 1 or not _paddable(idx, dims[0])
-            or (i == 2 and args[1] % max(src.dim(), 1) != 0)):
+            or any(m != 1 for m in src.shape[:along])):
         return args  # only where the result stays a contiguous tensor, with CPU's strides
     d, n = dims[0], shape[dims[0]]
     # a window of its storage at its own bucket keeps to windows (a host copy costs a trip)
     windowed = _window(idx, d, bucket(n)) is not None
     b = extents.buckets(_index_shapes, key, (n,), (lambda u: _window(idx, d, u[0]) is not None) if windowed else None,
-                        src.numel() // max(src.shape[args[1] % max(src.dim(), 1)] if i == 2 else src.shape[0], 1))[0]
+                        src.numel() // max(src.shape[along] if src.dim() else 1, 1))[0]
     window = _window(idx, d, b)
     if window is not None:  # a row prefix of an index buffer: the bucket read from its storage
         _marked[table.get(idx.untyped_storage()._cdata)] = window
@@ -666,7 +748,7 @@ def vary_index(low: Lowering, args, kwargs):
     # the call gets a padded copy; the user's tensor stays as it is (a compiled graph it meets
     # later, on every rank alike, sees the tensor it was traced with)
     args = list(args)
-    args[i] = _padded_copy(idx, entry, d, b)
+    rules.put_arg(args, {}, path, _padded_copy(idx, entry, d, b))
     return tuple(args)
 
 
@@ -706,7 +788,11 @@ def _vary_source(low: Lowering, args, kwargs):
     dims = extents.varying(_index_shapes, key, tuple(dst.shape))
     if not dims or any(dst.shape[d] <= 1 for d in dims):
         return args
-    room = [extents.bucket(n) if d in dims else n for d, n in enumerate(src.shape)]
+    # the room of the bucket the write will run at (extents.plan reuses one within REUSE of the
+    # size's own as this does; it keeps to a bucket this room holds)
+    dims = sorted(dims)
+    chosen = dict(zip(dims, extents.buckets(_index_shapes, key, [dst.shape[d] for d in dims])))
+    room = [chosen.get(d, n) for d, n in enumerate(src.shape)]
     new = _host_room(src, sentry, room)
     bump("padded_sources")
     args = list(args)

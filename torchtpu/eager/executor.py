@@ -47,10 +47,10 @@ def _flush_for_precision():
 # it plugs itself in rather than be imported here); it serves every call while tensors of a
 # dim marked dynamic exist
 dynamic = None
-# eager/dynamism.py's vary_args, installed the same way: an index of index_select/embedding
-# whose length keeps changing becomes dynamic before the call, a copy_ source padded
+# eager/dynamism.py's vary_args, installed the same way: an index of index_select/embedding/
+# x[..., idx] whose length keeps changing becomes dynamic before the call, a copy_ source padded
 vary_args = None
-_VARYING_ARGS = frozenset({"index_select", "embedding", "copy_"})
+_VARYING_ARGS = frozenset({"index_select", "embedding", "index.Tensor", "copy_"})
 # eager/dynamism.py's vary_factory: arange(n) whose length keeps changing, dynamic
 vary_factory = None
 

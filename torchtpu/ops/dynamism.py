@@ -320,6 +320,18 @@ class Attention(Rule):
             kwargs = _keys_masked(kwargs, args[1].shape[2], n)
         return fn(*args, **kwargs)
 
+    def rows(self, args, kwargs, dims):
+        """Queries dynamic at another size than the keys (a serving step's few query rows beside
+        its many keys): ({result: dim} following the query rows, static arguments padded with
+        them); rows are independent, so padded ones are only cut."""
+        if dims != {(0,): 2}:
+            return None
+        q, mask = args[0], kwargs.get("attn_mask")
+        extra = ()
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] == q.shape[2] and q.shape[2] != 1:
+            extra = ((("attn_mask",), mask.dim() - 2),)
+        return {0: 2, 1: 2}, extra
+
 
 def _keys_masked(kwargs, keys: int, n):
     """kwargs with attn_mask hiding the padded keys (past n of `keys`), as the forward and
@@ -523,24 +535,36 @@ class Embedding(Rule):
 
 
 class IndexTensor(Rule):
-    """x[..., idx] (index.Tensor) with one index tensor, along the dynamic dim (a serving step's
-    last position of each request): a static result. Indices wrap by the true size and are
-    checked against it (the lowering would check the bucket's), CPU's message with its size."""
+    """x[..., idx] (index.Tensor) with one 1-D index tensor. Along the dynamic dim (a serving
+    step's last position of each request): a static result, indices wrapped by the true size
+    and checked against it (the lowering would check the bucket's), CPU's message with its
+    size. A dynamic index (its length varies): the result dynamic along the picked dim, the
+    padded indices pointing at position 0."""
 
     def plan(self, args, kwargs, dims, n):
-        if kwargs or set(dims) != {(0,)} or len(args) != 2:
+        if kwargs or len(args) != 2:
             return None
-        d = dims[(0,)]
         given = [k for k, a in enumerate(args[1]) if a is not None]
-        if given != [d] or args[1][d].dtype in (torch.bool, torch.uint8):
+        if len(given) != 1 or args[1][given[0]].dtype in (torch.bool, torch.uint8) or args[1][given[0]].dim() != 1:
             return None
-        return Plan((None,), extra=(d,))
+        d = given[0]
+        if (1, d) in dims:  # the index varies: the result along it
+            if dims.get((0,), d) != d or len(dims) > 2:
+                return None
+            return Plan(((d, n),), extra=(d, True, (0,) in dims))
+        if set(dims) != {(0,)} or given != [dims[(0,)]]:
+            return None
+        return Plan((None,), extra=(d, False, True))
 
     def apply(self, fn, ctx, n, args, kwargs):
-        (d,) = ctx.extra
+        d, index_dynamic, self_dynamic = ctx.extra
+        if index_dynamic:
+            _first_row(args, kwargs, (1, d), ctx, n)
+            if not self_dynamic:
+                return fn(*args, **kwargs)
         indices = list(args[1])
         i = indices[d]
-        bad = (i < -n) | (i >= n)
+        bad = (i < -n) | (i >= n)  # (padded index rows point at 0: never bad)
         checks.report(bad, checks.first(bad, i), n, exc=IndexError,
                       message=lambda v, size: f"index {v} is out of bounds for dimension 0 with size {size}")
         indices[d] = jnp.where(bad, jnp.zeros((), i.dtype), jnp.where(i < 0, i + n, i))
