@@ -5,6 +5,7 @@ what ran, in every mode, and is counted in memory_stats()["num_ooms"]. A compila
 would start on an exhausted heap (XLA's compiler aborts the process with std::bad_alloc
 there) first gives back cached executables, then raises torch.OutOfMemoryError. After
 either, the process keeps working."""
+import gc
 import subprocess
 import sys
 import textwrap
@@ -38,10 +39,15 @@ def _works():
 @pytest.mark.parametrize("mode", MODES)
 def test_program_that_does_not_fit_raises_out_of_memory(mode):
     before = torch.tpu.memory_stats()["num_ooms"]
+    held = torch.tpu.memory_allocated()
     with pytest.raises(torch.OutOfMemoryError, match="out of memory running"):
         _run(_big, mode)
     assert torch.tpu.memory_stats()["num_ooms"] == before + 1
     _works()
+    # the failed call's tensors go with it (a failed region's storages kept the error, and its
+    # traceback's frames kept the 256 GiB tensor: memory_allocated() said so for good)
+    gc.collect()
+    assert torch.tpu.memory_allocated() <= held
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -10,6 +10,7 @@ what is pending, so runtime/ never imports eager/.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 
@@ -30,6 +31,14 @@ class Failed:
     __slots__ = ("error",)
 
     def __init__(self, error: BaseException):
+        # a copy without its traceback: the storage table holds this entry, and the traceback's
+        # frames hold the tensors of the failed call (a 256 GiB one that ran out of memory),
+        # which would keep their storages, and so this entry, alive for good
+        try:
+            error = copy.copy(error)
+        except Exception:
+            error = RuntimeError(f"{type(error).__name__}: {error}")
+        error.__traceback__ = None
         self.error = error
 
     def raise_(self):
