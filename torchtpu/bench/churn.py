@@ -100,7 +100,9 @@ def _llama(dev, sizes):
 def _batching(dev, sizes):
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    model = _tiny_llama()
+    import copy
+
+    model = copy.deepcopy(_tiny_llama())  # (moved to dev: the shared model stays on the CPU)
     g = torch.Generator().manual_seed(sizes[0])
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in sizes]
     gen = GenerationConfig(max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=2, pad_token_id=0)
