@@ -271,7 +271,7 @@ def test_the_bucket_policy():
     """extents.buckets: a size's own bucket, a bucket run before within REUSE of it, the
     largest run before for a small window; `fits` filters what was run, never the own."""
     h: dict = {}
-    assert extents.varying(h, "k", (133,), early=(0,)) == {0}
+    assert extents.varying(h, "k", (133,), early=lambda: (0,)) == {0}
     assert extents.buckets(h, "k", (133,)) == (256,)
     assert extents.buckets(h, "k", (100,)) == (256,)  # its own 128, 256 within 2x
     assert extents.buckets(h, "k", (40,)) == (64,)  # 256 is 4x its own: 64 is compiled

@@ -381,7 +381,7 @@ def execute(low: Lowering, args, kwargs, serve, run):
         shape = list(t.shape)
         shape[d] = info.bucket
         if i.inner is None:
-            rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, _padded_strides(t, shape), t.storage_offset()))
+            rules.put_arg(pargs, pkwargs, p, _padded_alias(t, d, info.bucket))
         else:  # the packed storage's first positions; the program unpacks the bucket
             rules.put_arg(pargs, pkwargs, p, tensors.alias(t, (i.outer * i.bucket * i.inner,), (1,), 0))
             packed.append((p, tuple(shape), d))
@@ -428,14 +428,11 @@ def _bucket_view(t: torch.Tensor, sizes: dict):
     shape = list(t.shape)
     for d, b in sizes.items():
         shape[d] = b
-    entry = table.get(t.untyped_storage()._cdata) if t.device.type == "tpu" else None
-    if entry is None:
-        return None
-    if (entry.buf is not None and entry.dtype == to_jax_dtype(t.dtype) and all(s > 0 for s in t.stride())
-            and t.storage_offset() + geometry.extent_of(shape, t.stride()) <= entry.numel):
+    if all(s > 0 for s in t.stride()) and _room(t, shape) is not None:
         bump("dynamic_windows")
         return tensors.alias(t, shape, t.stride(), t.storage_offset())
-    if t.numel() <= _MAX_MOVED and _computed_entry(t) is not None:
+    entry = _computed_entry(t) if t.device.type == "tpu" and t.numel() <= _MAX_MOVED else None
+    if entry is not None:
         bump("dynamic_padded_args")
         return _host_room(t, entry, shape)
     return None
@@ -458,10 +455,7 @@ def _second_rows(rule, args, kwargs, rest: dict):
         return None
     outs, extra = spec
     pargs, pkwargs = list(args), dict(kwargs)
-    t = rules.get(args, kwargs, p)
-    shape = list(t.shape)
-    shape[d] = i.bucket
-    rules.put_arg(pargs, pkwargs, p, tensors.alias(t, shape, _padded_strides(t, shape), t.storage_offset()))
+    rules.put_arg(pargs, pkwargs, p, _padded_alias(rules.get(args, kwargs, p), d, i.bucket))
     for q, e in extra:
         new = _bucket_view(rules.get(args, kwargs, q), {e: i.bucket})
         if new is None:
@@ -477,12 +471,8 @@ def _row_results(out, outs: dict, info: Dyn):
     items = list(out) if many else [out]
     for k, d in outs.items():
         r = items[k] if k < len(items) else None
-        if r is None or r.dim() <= d or r.shape[d] != info.bucket:
-            continue
-        shape = list(r.shape)
-        shape[d] = info.n
-        items[k] = tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
-        _marked[storage.lookup(r)] = Dyn(r.stride(d), info.n, info.bucket, info.lower, info.upper, info.strict)
+        if r is not None and r.dim() > d and r.shape[d] == info.bucket:
+            items[k] = _dynamic_result(r, d, info.n, info.bucket, info)
     if not many:
         return items[0]
     return tuple(items) if isinstance(out, tuple) else items
@@ -540,15 +530,21 @@ def _window(t: torch.Tensor, d: int, b: int) -> Dyn | None:
     of its own storage, when that lies inside the storage. What the window holds past the
     true extent is whatever the storage holds there; the rules never let it reach a true
     position (and indices are pointed at row 0). None when it does not fit."""
-    entry = table.get(t.untyped_storage()._cdata) if t.device.type == "tpu" else None
-    if (entry is None or entry.buf is None or entry.dtype != to_jax_dtype(t.dtype) or t.numel() == 0
-            or t.stride(d) <= 0 or any(s < 0 for s in t.stride())):
-        return None
     shape = list(t.shape)
     shape[d] = b
-    if t.storage_offset() + geometry.extent_of(shape, t.stride()) > entry.numel:
+    if t.numel() == 0 or t.stride(d) <= 0 or _room(t, shape) is None:
         return None
     return Dyn(t.stride(d), t.shape[d], b, 0, None, False, window=True)
+
+
+def _room(t: torch.Tensor, shape):
+    """`t`'s storage entry when a view of `shape` with t's strides and offset lies inside its
+    computed (or pending) buffer of t's dtype, else None."""
+    entry = table.get(t.untyped_storage()._cdata) if t.device.type == "tpu" else None
+    if (entry is None or entry.buf is None or entry.dtype != to_jax_dtype(t.dtype) or any(s < 0 for s in t.stride())
+            or t.storage_offset() + geometry.extent_of(shape, t.stride()) > entry.numel):
+        return None
+    return entry
 
 
 def _adopt(t: torch.Tensor, d: int, info: Dyn) -> bool:
@@ -608,15 +604,26 @@ def _results(res, plan, bouts, info, packed_shape=None):
                                              info.strict, math.prod(shape[:od]), math.prod(shape[od + 1:]))
             done.append(out)
             continue
-        shape = list(r.shape)
-        shape[od] = n
-        out = tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
-        _marked[storage.lookup(r)] = Dyn(r.stride(od), n, bouts[min(i, len(bouts) - 1)], info.lower,
-                                         info.upper, info.strict)
-        done.append(out)
+        done.append(_dynamic_result(r, od, n, bouts[min(i, len(bouts) - 1)], info))
     if not many:
         return done[0]
     return tuple(done) if isinstance(res, tuple) else done
+
+
+def _dynamic_result(r: torch.Tensor, d: int, n: int, b: int, info: Dyn) -> torch.Tensor:
+    """`r`, a program's result padded to `b` along d, as the tensor PyTorch sees (its first n
+    positions there), dynamic with `info`'s bounds."""
+    shape = list(r.shape)
+    shape[d] = n
+    _marked[storage.lookup(r)] = Dyn(r.stride(d), n, b, info.lower, info.upper, info.strict)
+    return tensors.alias(r, shape, _seen_strides(shape, r.stride()), 0)
+
+
+def _padded_alias(t: torch.Tensor, d: int, b: int) -> torch.Tensor:
+    """A view of dynamic `t`'s storage over its whole bucket `b` along d (what a program reads)."""
+    shape = list(t.shape)
+    shape[d] = b
+    return tensors.alias(t, shape, _padded_strides(t, shape), t.storage_offset())
 
 
 def _padded_lowering(low: Lowering, rule, ctx) -> Lowering:
@@ -723,7 +730,7 @@ def vary_index(low: Lowering, args, kwargs):
         return args
     key = (low.name, tuple(src.shape), src.dtype, idx.dtype, idx.dim(), path, along)
     shape = tuple(idx.shape)
-    dims = extents.varying(_index_shapes, key, shape, _prefix_dims(idx))
+    dims = extents.varying(_index_shapes, key, shape, lambda: _prefix_dims(idx))
     if dims is None:
         return args
     dims = sorted(dims)
@@ -757,13 +764,11 @@ def _prefix_dims(idx: torch.Tensor) -> tuple:
     with room for its bucket there: a serving loop's row of a preallocated index buffer
     sliced to each step's length, whose length varies from its first call."""
     big = [d for d, n in enumerate(idx.shape) if n > 1]
-    if len(big) != 1 or idx.device.type != "tpu":
+    entry = table.get(idx.untyped_storage()._cdata) if len(big) == 1 and idx.device.type == "tpu" else None
+    if (entry is None or extents.partial_dims(idx.shape, idx.stride(), idx.storage_offset(), entry.numel) != tuple(big)
+            or _window(idx, big[0], bucket(idx.shape[big[0]])) is None):
         return ()
-    entry = table.get(idx.untyped_storage()._cdata)
-    d = big[0]
-    if entry is None or idx.numel() >= entry.numel or _window(idx, d, bucket(idx.shape[d])) is None:
-        return ()
-    return (d,)
+    return tuple(big)
 
 
 def _vary_source(low: Lowering, args, kwargs):

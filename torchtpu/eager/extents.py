@@ -50,14 +50,15 @@ def bucket(n: int) -> int:
 def varying(history, key, shape, early=None) -> set | None:
     """The policy, for the op signature `key` (sizes left out) called at `shape`: the dims in
     which its shapes have varied, once it has seen more than AFTER distinct shapes and this
-    is not its first; None while it runs exact. `early`: dims the caller knows vary from the
-    first call (a prefix of a preallocated buffer), bucketed from it, with those found to
-    vary later. `history` (an LRU) keeps what it has seen: [first shape, distinct shapes (up
+    is not its first; None while it runs exact. `early()`: the dims the caller knows vary
+    from the first call (a prefix of a preallocated buffer), asked at the first call only and
+    bucketed from it, with those found to vary later. `history` (an LRU) keeps what it has seen: [first shape, distinct shapes (up
     to AFTER + 1), varying dims, bucket tuples it ran at, whether it was bucketed from the
     first]."""
     seen = history.get(key)
     if seen is None:
-        history[key] = [shape, {shape}, set(early or ()), set(), bool(early)]
+        early = early() if early is not None else ()
+        history[key] = [shape, {shape}, set(early), set(), bool(early)]
         return set(early) if early else None
     first, shapes, dims, _, bucketed = seen
     if shape == first and not bucketed:
@@ -173,7 +174,7 @@ def plan(low, flat, pos, kw):
     shape = leaves[ti].shape
     skey = (low.name, pos, kw, tuple([(lf.slot, len(lf.shape), lf.dtype, lf.flags, lf.offset is None)
                                       for lf in leaves]))
-    dims = varying(_history, skey, shape, _early(flat, ti, shape))
+    dims = varying(_history, skey, shape, lambda: _early(flat, ti, shape))
     if dims is None:
         return None
     # a varying dim at size 1 here runs at that size (a size-1 dim's stride is not in its
@@ -184,9 +185,15 @@ def plan(low, flat, pos, kw):
     if not dims:
         return None
     sizes = [shape[d] for d in dims]
-    chosen = buckets(_history, skey, sizes, lambda u: _fits(_window(flat, ti, shape, dims, u)),
-                     math.prod(shape) // math.prod(sizes))
-    done = _window(flat, ti, shape, dims, chosen)
+    windows: dict = {}  # bucket tuple -> its window (each made once per call)
+
+    def window(u):
+        if u not in windows:
+            windows[u] = _window(flat, ti, shape, dims, u)
+        return windows[u]
+
+    chosen = buckets(_history, skey, sizes, lambda u: _fits(window(u)), math.prod(shape) // math.prod(sizes))
+    done = window(chosen)
     if done is None:
         return None
     bump("bucketed_view_ops")

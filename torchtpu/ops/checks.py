@@ -158,7 +158,7 @@ def first(mask, values):
 
 
 def index_in_range(index, size: int, dim: int = 0, *, negative: bool = False, exc=IndexError,
-                   message: Callable | None = None) -> None:
+                   message: Callable | str | None = None) -> None:
     """Every value of `index` addresses one of `size` positions (negative ones from the
     end when `negative`); CPU's "index 5 is out of bounds for dimension 0 with size 3"."""
     if active() is None:
@@ -169,6 +169,6 @@ def index_in_range(index, size: int, dim: int = 0, *, negative: bool = False, ex
     lo = -size if negative else 0
     bad = (index < lo) | (index >= size)
     if message is None:
-        def message(v, _):
-            return f"index {v} is out of bounds for dimension {dim} with size {size}"
-    report(jnp.any(bad), first(bad, index), exc=exc, message=message)
+        def message(v, n):  # (size may be a runtime value: a dynamic dim's true size)
+            return f"index {v} is out of bounds for dimension {dim} with size {n}"
+    report(jnp.any(bad), first(bad, index), size, exc=exc, message=message)

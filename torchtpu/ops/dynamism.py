@@ -517,9 +517,9 @@ class IndexSelect(Rule):
         _first_row(args, kwargs, (2,), ctx, n)
         if ctx.extra:  # checked against the true size (the lowering checks the bucket's)
             idx = args[2]
-            bad = (idx < 0) | (idx >= n)
-            checks.report(bad, exc=IndexError, message="index out of range in self")
-            args[2] = jnp.where(bad, jnp.zeros((), idx.dtype), idx)
+            checks.index_in_range(idx, n, message="index out of range in self")
+            # (past the true size: pointed at 0, so the lowering's check of the bucket stays quiet)
+            args[2] = jnp.where((idx < 0) | (idx >= n), jnp.zeros((), idx.dtype), idx)
         return fn(*args, **kwargs)
 
 
@@ -564,10 +564,8 @@ class IndexTensor(Rule):
                 return fn(*args, **kwargs)
         indices = list(args[1])
         i = indices[d]
-        bad = (i < -n) | (i >= n)  # (padded index rows point at 0: never bad)
-        checks.report(bad, checks.first(bad, i), n, exc=IndexError,
-                      message=lambda v, size: f"index {v} is out of bounds for dimension 0 with size {size}")
-        indices[d] = jnp.where(bad, jnp.zeros((), i.dtype), jnp.where(i < 0, i + n, i))
+        checks.index_in_range(i, n, 0, negative=True)  # (padded index rows point at 0: in range)
+        indices[d] = jnp.where((i < -n) | (i >= n), jnp.zeros((), i.dtype), jnp.where(i < 0, i + n, i))
         return fn(args[0], indices)
 
 
