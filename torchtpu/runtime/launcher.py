@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from torch.autograd import profiler as _tprof
 
-from . import cache, program_timing
+from . import cache, lowerings, program_timing
 
 
 def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
@@ -37,6 +37,8 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
         if cache.is_out_of_memory(err):
             raise cache.out_of_memory(err, what(), released() if released is not None else 0) from err
         raise
+    if compiling:
+        lowerings.shed()  # the executable stays in the jit's C++ cache; its lowering goes
     if t0:
         name = timing if isinstance(timing, str) else (timing or what)()
         program_timing.ran(name, out, t0, compiling)
