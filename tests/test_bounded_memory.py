@@ -8,20 +8,11 @@ from jax._src.interpreters import pxla
 import torchtpu
 from conftest import assert_same
 from torchtpu.eager import executor
-from torchtpu.runtime import executables, lowerings
+from torchtpu.runtime import cache, executables, lowerings
 
 
 def _heap_mb() -> float:
-    import ctypes
-
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-    fn = ctypes.CDLL("libc.so.6").mallinfo2
-    fn.restype = Info
-    info = fn()
-    return (info.uordblks + info.hblkhd) / 2**20
+    return cache.heap_in_use() / 2**20
 
 
 def _rss_mb() -> float:
@@ -111,8 +102,10 @@ def test_clear_caches_and_limit_api(bound):
     assert_same(torch.ones(3, device="tpu") * 3, torch.full((3,), 3.0))
     with pytest.raises(ValueError, match="per_op"):
         torchtpu.set_executable_limit(per_op=0)
-    bound(total=100, per_op=10, regions=7)
-    assert torchtpu.executable_limit() == {"total": 100, "per_op": 10, "regions": 7}
+    with pytest.raises(ValueError, match="total_bytes"):
+        torchtpu.set_executable_limit(total_bytes=0)
+    bound(total=100, per_op=10, regions=7, total_bytes=3 << 20)
+    assert torchtpu.executable_limit() == {"total": 100, "per_op": 10, "regions": 7, "total_bytes": 3 << 20}
 
 
 @pytest.mark.slow
@@ -189,3 +182,30 @@ def test_a_program_with_host_callbacks_keeps_its_lowering():
         assert list(out) == [2.0, 2.0, 2.0]
     finally:
         _monitoring.unregister_event_duration_listener(listen)
+
+
+def test_executables_are_bounded_in_bytes(bound):
+    """Past set_executable_limit(total_bytes=) the least recently used go, whatever their
+    count; the bytes are measured at each compile, and the heap stays within the bound."""
+    import weakref
+
+    torchtpu.clear_caches()
+    _sizes_of_one_op(2)
+    bound(total_bytes=8 << 20)
+    start = _heap_mb()
+    torchtpu.reset_metrics()
+    x0 = torch.full((1,), 3.0, device="tpu")
+    first = None
+    for k in range(3, 160):
+        y = x0.expand(k) * 2
+        if first is None:
+            first = [weakref.ref(c) for k_, c in executor._cache.items() if k_.op == "mul.Tensor"]
+    held = torchtpu.executable_memory()
+    assert 0 < held <= 8 << 20
+    assert torchtpu.metrics()["executables_evicted_for_bytes"] > 0
+    assert len(executor._cache) < 150
+    assert _heap_mb() - start < 2 * 8, (start, _heap_mb())
+    assert first and all(r() is None for r in first)  # the oldest went, its executable with it
+    assert_same(y, torch.full((159,), 6.0))
+    torchtpu.clear_caches()
+    assert torchtpu.executable_memory() == 0

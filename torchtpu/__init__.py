@@ -134,22 +134,33 @@ def checks_enabled() -> bool:
 
 
 def set_executable_limit(total: "int | None" = None, per_op: "int | None" = None,
-                         regions: "int | None" = None) -> None:
+                         regions: "int | None" = None, total_bytes: "int | None" = None) -> None:
     """Bound the compiled executables kept in memory (least recently used are evicted and
     their compiled code released; counted in metrics()["executables_evicted"]): `total`
     eager-op executables (env TORCHTPU_MAX_EXECUTABLES, default 4096), `per_op` per ATen op
     and per compiled graph (TORCHTPU_MAX_EXECUTABLES_PER_OP, 1024), `regions` fused
-    defer_and_fuse regions (TORCHTPU_MAX_REGIONS, 512)."""
+    defer_and_fuse regions (TORCHTPU_MAX_REGIONS, 512), `total_bytes` the host memory all
+    kept executables hold together, each measured when it was compiled
+    (TORCHTPU_MAX_EXECUTABLE_MB, 2048 MB; metrics()["executables_evicted_for_bytes"])."""
     from .runtime.cache import set_executable_limit as _set
 
-    _set(total, per_op, regions)
+    _set(total, per_op, regions, total_bytes)
 
 
 def executable_limit() -> dict:
-    """The bounds set_executable_limit() sets: {"total", "per_op", "regions"}."""
+    """The bounds set_executable_limit() sets: {"total", "per_op", "regions", "total_bytes"}."""
     from .runtime.cache import executable_limit as _get
 
     return _get()
+
+
+def executable_memory() -> int:
+    """Host bytes the kept compiled executables hold (eager ops, fused regions, compiled
+    graphs), each as measured when it was compiled: what set_executable_limit(total_bytes=)
+    bounds."""
+    from .runtime.executables import held_bytes as _held
+
+    return _held()
 
 
 def clear_caches() -> None:
@@ -276,6 +287,7 @@ __all__ = [
     "set_checks",
     "set_executable_limit",
     "executable_limit",
+    "executable_memory",
     "clear_caches",
     "checks_enabled",
     "metrics",

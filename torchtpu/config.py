@@ -86,6 +86,9 @@ class Config:
     max_executables_per_op: int = _var("TORCHTPU_MAX_EXECUTABLES_PER_OP", "1024", _int("1024"),
                                        "executables kept per op and per compiled graph")
     max_regions: int = _var("TORCHTPU_MAX_REGIONS", "512", _int("512"), "fused defer_and_fuse regions kept")
+    max_executable_mb: float = _var("TORCHTPU_MAX_EXECUTABLE_MB", "2048", _float("2048"),
+                                    "host memory (MB) the kept executables may hold together, each measured "
+                                    "when compiled (`set_executable_limit(total_bytes=)`)")
     compile_headroom_mb: float = _var("TORCHTPU_COMPILE_HEADROOM_MB", "192", _float("192"),
                                       "host memory (MB) a compile must find free, else cached executables go first")
     cache_dir: Optional[str] = _var("TORCHTPU_CACHE_DIR", "unset", _path,

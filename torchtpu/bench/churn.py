@@ -16,7 +16,9 @@ the same ranges):
             17..200 (torch CPU: the same forward, eager)
 
 Reported per workload and policy: programs compiled cold and warm, seconds cold and warm,
-the warm ratio to torch CPU eager, whether the outputs equal CPU's.
+the warm ratio to torch CPU eager, the host memory the programs kept hold after both runs
+(torchtpu.executable_memory(), what set_executable_limit(total_bytes=) bounds), whether the
+outputs equal CPU's.
 """
 from __future__ import annotations
 
@@ -196,16 +198,17 @@ def main(argv=None) -> int:
             with torchtpu.eager_mode(args.mode):
                 got_cold, t_cold, p_cold = _run(fn, "tpu", cold_sizes)
                 got_warm, t_warm, p_warm = _run(fn, "tpu", warm_sizes)
-            rows.append((name, policy, p_cold, p_warm, t_cold, t_warm, cpu_warm,
+            held = torchtpu.executable_memory() / 2**20  # the programs both runs kept
+            rows.append((name, policy, p_cold, p_warm, t_cold, t_warm, cpu_warm, held,
                          _equal(got_cold, ref_cold) and _equal(got_warm, ref_warm)))
     extents.AFTER = after
     print(f"\nvarying sizes, {args.mode} eager on tpu ({torch.tpu.get_device_name()}) vs torch CPU eager "
-          "(programs compiled; seconds)")
+          "(programs compiled; seconds; host MB the kept programs hold)")
     head = (f"{'workload':<10}{'policy':>7}{'programs cold':>15}{'warm':>6}{'s cold':>9}{'s warm':>9}"
-            f"{'cpu s':>8}{'warm/cpu':>10}{'equal':>7}")
+            f"{'cpu s':>8}{'warm/cpu':>10}{'exe MB':>8}{'equal':>7}")
     print(head)
     print("-" * len(head))
-    for name, policy, pc, pw, tc, tw, cw, eq in rows:
+    for name, policy, pc, pw, tc, tw, cw, mb, eq in rows:
         print(f"{name:<10}{policy:>7}{pc:>15}{pw:>6}{tc:>9.2f}{tw:>9.2f}{cw:>8.2f}{tw / max(cw, 1e-9):>10.1f}"
-              f"{'yes' if eq else 'NO':>7}")
+              f"{mb:>8.1f}{'yes' if eq else 'NO':>7}")
     return 0 if all(r[-1] for r in rows) else 1

@@ -339,9 +339,9 @@ class CompiledGraph:
             bump("cache_hits")
         if q is not None:
             self._jits.remember((q[0], donate, context), key, got)
-        return self._run(got, args, bufs, entries, offsets, donate, host_values, host_outs)
+        return self._run(got, args, bufs, entries, offsets, donate, host_values, host_outs, key)
 
-    def _run(self, got, args, bufs, entries, offsets, donate, host_values, host_outs):
+    def _run(self, got, args, bufs, entries, offsets, donate, host_values, host_outs, key=None):
         """Launch the program `got` (fn, what its trace learned) and hand out its results."""
         fn, learned = got
         rngdata = rng.next_key_data() if self.program.n_random else ()
@@ -350,7 +350,8 @@ class CompiledGraph:
         call_args = (donation.split(bufs, donate) if donate else (), bufs, rngdata, host_values, offsets)
         del bufs
         outs, written, packed, flags = launcher.launch(fn, call_args, what=self._what, compiling=compiling,
-                                                       timing=self._what)
+                                                       timing=self._what,
+                                                       account=(self._jits, key) if compiling and key is not None else None)
         del call_args
         if compiling:
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))

@@ -486,7 +486,7 @@ def _flush(reason: str) -> None:
                     metrics.bump("regions_with_collectives")
                 else:
                     results = launcher.launch(fn, args, what=what, compiling=fresh, release=(executables.regions.clear,),
-                                              timing=timing)
+                                              timing=timing, account=(executables.regions, fkey) if fresh else None)
                 if len(results) > len(out_refs):  # the region's packed check flags
                     flagged = ((results[-1], fn.checks, [n.origin for n in g.nodes]),)
                     results = results[:len(out_refs)]

@@ -233,13 +233,15 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
             donated = donation.split(kept, donate)
             outs, updated, flags = launcher.launch(
                 donating(compiled, donate), (donated, kept, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata),
-                what, not compiled.ran, _RELEASE, _release_all, low.name)
+                what, not compiled.ran, _RELEASE, _release_all, low.name,
+                None if compiled.ran else (_cache, key))
             del donated
             metrics.bump("donated_writes")
         else:
             outs, updated, flags = launcher.launch(
                 compiled.fn, (bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata),
-                what, not compiled.ran, _RELEASE, _release_all, low.name)
+                what, not compiled.ran, _RELEASE, _release_all, low.name,
+                None if compiled.ran else (_cache, key))
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():

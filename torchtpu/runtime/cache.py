@@ -55,9 +55,10 @@ def count_compile_time() -> None:
 
 # ---- bounded executable caches -------------------------------------------------------------
 #
-# Every executable the executors keep holds its compiled code (about 1-3 MB each on XLA:CPU):
-# kept forever, 3,000 shapes of one small op grew the process by 3 GB, and a few thousand
-# programs made LLVM fail to allocate and XLA crash. The eager op cache and the fused-region
+# Every executable the executors keep holds its compiled code (about 0.25 MB for one op on
+# XLA:CPU once JAX's lowering is let go: runtime/lowerings.py; 1.5 MB before): kept forever,
+# 3,000 shapes of one small op grew the process by 3 GB, and a few thousand programs made LLVM
+# fail to allocate and XLA crash. All caches together are bounded in bytes as well. The eager op cache and the fused-region
 # cache are LRUs by count, per op and overall; an evicted executable's jax.jit and closures
 # die with it, JAX's own compile caches are weak-keyed on them, and freed heap is handed back
 # to the OS (glibc keeps it otherwise, so resident memory would not show the release).
@@ -66,14 +67,16 @@ _limits = {
     "total": startup.max_executables,
     "per_op": startup.max_executables_per_op,
     "regions": startup.max_regions,
+    "total_bytes": int(startup.max_executable_mb * 2**20),
 }
 
 
 def set_executable_limit(total: int | None = None, per_op: int | None = None,
-                         regions: int | None = None) -> None:
+                         regions: int | None = None, total_bytes: int | None = None) -> None:
     """Bound the executables kept: `total` eager-op executables, `per_op` per ATen op (its
-    shapes), `regions` fused defer_and_fuse regions. Least recently used go first."""
-    for name, v in (("total", total), ("per_op", per_op), ("regions", regions)):
+    shapes), `regions` fused defer_and_fuse regions, `total_bytes` the host memory all of them
+    keep together (each measured when compiled: runtime/launcher.py). Least recently used go first."""
+    for name, v in (("total", total), ("per_op", per_op), ("regions", regions), ("total_bytes", total_bytes)):
         if v is not None:
             if int(v) < 1:
                 raise ValueError(f"set_executable_limit: {name} must be >= 1, got {v}")
@@ -85,8 +88,50 @@ def executable_limit() -> dict:
 
 
 def limit(name: str) -> Callable[[], int]:
-    """The bound `name` ("total", "per_op", "regions") as it is when called: an LRU's maxsize."""
+    """The bound `name` ("total", "per_op", "regions", "total_bytes") as it is when called."""
     return lambda: _limits[name]
+
+
+def heap_in_use() -> int | None:
+    """Bytes of the process's heap in use: what a compile adds to it is what the program it made
+    keeps (its executable, once runtime/lowerings.py let JAX's lowering go), measured since
+    XLA:CPU reports no code size. glibc's count of allocated bytes, which heap freed earlier and
+    reused does not hide as it hides from the resident size (a bound by resident growth let the
+    cache grow to twice its executables after evictions); the resident size where there is no
+    glibc. None where neither can be read."""
+    got = _mallinfo()
+    if got is not None:
+        return got
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _mallinfo() -> int | None:
+    fn = _MALLINFO[0]
+    if fn is None:
+        return None
+    if fn is False:
+        try:
+            import ctypes
+
+            class Info(ctypes.Structure):
+                _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                           "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+            fn = ctypes.CDLL("libc.so.6").mallinfo2
+            fn.restype = Info
+        except (OSError, AttributeError):  # not glibc, or older than 2.33
+            _MALLINFO[0] = None
+            return None
+        _MALLINFO[0] = fn
+    info = fn()
+    return info.uordblks + info.hblkhd  # allocated in the arenas, and in chunks mapped apart
+
+
+_MALLINFO: list = [False]  # glibc's mallinfo2, looked up on first use (None: not there)
 
 
 def trim_heap() -> None:

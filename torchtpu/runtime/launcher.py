@@ -18,7 +18,7 @@ from . import cache, lowerings, program_timing
 
 def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
            release: tuple = (), released: Callable[[], int] | None = None,
-           timing: str | Callable[[], str] | None = None) -> Any:
+           timing: str | Callable[[], str] | None = None, account: tuple | None = None) -> Any:
     """`fn(*args)`.
 
     what:      names the program for errors (called only when one is raised or a compile
@@ -27,9 +27,12 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
     release:   the caller's ways to drop its cached executables before a compile on a short heap
     released:  on out-of-memory, gives back the caller's cached executables; how many
     timing:    the program's name in the profiler (default: `what`)
+    account:   (an executables.Executables cache, the program's key in it): a compiling call
+               charges the program with the host memory its compile kept (the bound in bytes)
     """
     if compiling:
         cache.before_compile(what(), release)
+        before = cache.heap_in_use() if account is not None else None
     t0 = _tprof._is_profiler_enabled and program_timing.start()  # nonzero only under torch.profiler
     try:
         out = fn(*args)
@@ -39,7 +42,16 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
         raise
     if compiling:
         lowerings.shed()  # the executable stays in the jit's C++ cache; its lowering goes
+        after = cache.heap_in_use() if before is not None else None
+        if after is not None and _warm[0]:
+            account[0].sized(account[1], after - before)
+        _warm[0] = True
     if t0:
         name = timing if isinstance(timing, str) else (timing or what)()
         program_timing.ran(name, out, t0, compiling)
     return out
+
+
+# The process's first compile also starts XLA's compiler (its LLVM and thread pools), which no
+# executable keeps: it charges nothing.
+_warm = [False]
