@@ -184,7 +184,13 @@ def test_a_program_with_host_callbacks_keeps_its_lowering():
         _monitoring.unregister_event_duration_listener(listen)
 
 
-def test_executables_are_bounded_in_bytes(bound):
+@pytest.fixture
+def strict():
+    with torchtpu.eager_mode("strict"):  # each size its own op executable, run at once
+        yield
+
+
+def test_executables_are_bounded_in_bytes(bound, strict):
     """Past set_executable_limit(total_bytes=) the least recently used go, whatever their
     count; the bytes are measured at each compile, and the heap stays within the bound."""
     import weakref

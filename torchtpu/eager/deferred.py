@@ -389,8 +389,12 @@ def _replay(g, inputs, out_refs):
         ns = node.nscalars
         dyn = scalars[si:si + ns]
         si += ns
+        args = (bufs, _scalars.pack(dyn, c.fn.codes), node.rng if node.rng is not None else ())
         try:
-            got = c.fn(bufs, _scalars.pack(dyn, c.fn.codes), node.rng if node.rng is not None else ())
+            if c.ran:
+                got = c.fn(*args)
+            else:  # its first run compiles it: launched as every compile is (heap room, bytes kept)
+                got = launcher.launch(c.fn, args, what=lambda: node.name, compiling=True, account=_owner(c))
         except Exception as e:
             _note(e, node)
             raise
@@ -405,6 +409,20 @@ def _replay(g, inputs, out_refs):
         for s, b in updated.items():
             vals[(j, ("u", s))] = b
     return tuple(vals[r] for r in out_refs), flagged
+
+
+def _owner(c):
+    """(the cache holding the op executable `c`, its key there), or None."""
+    key = getattr(c, "key", None)
+    if key is None:
+        return None
+    for cache in (executables.ops, executables.control_flow):
+        try:
+            if cache.get(key) is c:
+                return cache, key
+        except TypeError:  # an unhashable key: not one of these caches'
+            return None
+    return None
 
 
 def flush(reason: str) -> None:
