@@ -99,48 +99,46 @@ def heap_in_use() -> int | None:
     reused does not hide as it hides from the resident size (a bound by resident growth let the
     cache grow to twice its executables after evictions); the resident size where there is no
     glibc. None where neither can be read."""
-    got = _mallinfo()
-    if got is not None:
-        return got
+    mallinfo = _GLIBC[1]
+    if mallinfo is not None:
+        info = mallinfo()
+        return info.uordblks + info.hblkhd  # allocated in the arenas, and in chunks mapped apart
     try:
+        import resource
+
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * 4096
-    except (OSError, ValueError, IndexError):
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError, ImportError):
         return None
 
 
-def _mallinfo() -> int | None:
-    fn = _MALLINFO[0]
-    if fn is None:
-        return None
-    if fn is False:
-        try:
-            import ctypes
+def _glibc():
+    """(glibc's malloc_trim, its mallinfo2), each None where the C library lacks it (not glibc,
+    or glibc older than 2.33 for mallinfo2)."""
+    import ctypes
 
-            class Info(ctypes.Structure):
-                _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                           "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None, None
+    trim = getattr(libc, "malloc_trim", None)
+    mallinfo = getattr(libc, "mallinfo2", None)
+    if mallinfo is not None:
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-            fn = ctypes.CDLL("libc.so.6").mallinfo2
-            fn.restype = Info
-        except (OSError, AttributeError):  # not glibc, or older than 2.33
-            _MALLINFO[0] = None
-            return None
-        _MALLINFO[0] = fn
-    info = fn()
-    return info.uordblks + info.hblkhd  # allocated in the arenas, and in chunks mapped apart
+        mallinfo.restype = Info
+    return trim, mallinfo
 
 
-_MALLINFO: list = [False]  # glibc's mallinfo2, looked up on first use (None: not there)
+_GLIBC = _glibc()  # one handle, looked up at import (a dlopen of the loaded C library)
 
 
 def trim_heap() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except Exception:  # not glibc: the allocator keeps what it keeps
-        pass
+    trim = _GLIBC[0]
+    if trim is not None:  # not glibc: the allocator keeps what it keeps
+        trim(0)
 
 
 def evict(cache: dict, victims, lock=None) -> int:
