@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed-v2
 
 .PHONY: demo test test-all test-defer bench venv clean
 
-# setup.py and csrc/: `pip install -e .` compiles the four C++ extensions (device generator, pinned factories, device guard, call keys)
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp)
+# setup.py and csrc/: `pip install -e .` compiles the five C++ extensions (device generator, pinned factories, device guard, call keys, cache hits)
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; never a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy pytest pytest-xdist expecttest safetensors matplotlib transformers==5.24.0 accelerate==1.15.0 diffusers==0.42.1 parameterized==0.9.0 pytest-timeout==2.4.0 helion==1.5.1 tokamax==0.0.12 \

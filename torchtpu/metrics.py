@@ -20,6 +20,12 @@ def fallback(op_name: str) -> None:
     _counts["cpu_fallbacks"] += 1
 
 
+def live_counts() -> Counter:
+    """The counters themselves, for native code that bumps them (csrc/hit.cpp): the same
+    dict, mutated in place, never replaced (reset() clears it)."""
+    return _counts
+
+
 def snapshot() -> dict:
     with _lock:
         counts = dict(_counts)  # one C-level copy: bump() does not lock

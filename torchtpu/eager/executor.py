@@ -10,9 +10,12 @@ asynchronous. In defer_and_fuse mode the same executable is recorded instead of 
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
+from torch.autograd import profiler as _tprof
 
 from .. import metrics
 from ..ops import checks as _checks
@@ -25,7 +28,7 @@ from ..runtime.executables import ops as _cache
 from ..runtime.jaxenv import CARRIED as _CARRIED, CARRIED_SEEN as _CARRIED_SEEN
 from ..runtime.signature import Signature
 from . import argcheck, carried, deferred, extents, growth, memory_format, modes, scalars
-from .op_args import flatten, scan
+from .op_args import Flat, flatten, scan
 from .op_errors import describe, user_error
 from .op_program import PACKED_DTYPES as _PACKED_DTYPES  # noqa: F401  (tests build avals with it)
 from .op_program import Compiled, abstract, build, donating, fast_compile, jit_packed, partial_writes
@@ -53,6 +56,8 @@ vary_args = None
 _VARYING_ARGS = frozenset({"index_select", "embedding", "index.Tensor", "copy_"})
 # eager/dynamism.py's vary_factory: arange(n) whose length keeps changing, dynamic
 vary_factory = None
+# the "dynamic" interceptor again, where csrc/hit.cpp's gate reads it
+DYNAMIC = [None]
 
 
 def intercept(name: str, fn) -> None:
@@ -73,7 +78,7 @@ def intercept(name: str, fn) -> None:
     """
     global dynamic, vary_args, vary_factory
     if name == "dynamic":
-        dynamic = fn
+        dynamic = DYNAMIC[0] = fn
     elif name == "vary_args":
         vary_args = fn
     elif name == "vary_factory":
@@ -138,6 +143,9 @@ def _serve(low: Lowering, args, kwargs):
 # A call's quick key (op_args.scan) finds a signature seen before from its tensors' metadata,
 # without building its Signature: the op cache's by_quick_key.
 _quick = _cache.by_quick_key
+_MODE = modes.state
+_chit = tensors.hit  # csrc/hit.cpp: a planned strict hit in one C++ call (None: not built)
+_NO_SCALARS = scalars.pack_cached((), ())
 
 
 def _execute(low: Lowering, args, kwargs):
@@ -148,12 +156,45 @@ def _execute(low: Lowering, args, kwargs):
         if q is not None:
             compiled = _quick.get(q[0])
             if compiled is not None:
-                flat = q[1]
-                if flat.offsets:
-                    flat.dyn += flat.offsets
-                hit = _launch(low, compiled, flat, args, kwargs, None, quick=True)
+                hit = _quick_hit(low, compiled, q[1], args, kwargs)
                 if hit is not _SLOW:
                     return hit
+    return _full(low, args, kwargs, q)
+
+
+def _quick_hit(low, compiled, flat, args, kwargs):
+    """Serve a call found by its quick key (`flat` has no leaves); _SLOW: the full path must."""
+    if flat.offsets:
+        flat.dyn += flat.offsets
+    if compiled.hit and _MODE["mode"] == "strict" and not _tprof._is_profiler_enabled:
+        hit = _chit(compiled, flat.entries,
+                    scalars.pack_cached(flat.dyn, compiled.fn.codes) if flat.dyn else _NO_SCALARS)
+        if hit is not NotImplemented:
+            return _finish(low, compiled, args, kwargs, None) if low.mode == "inplace" else hit
+    return _launch(low, compiled, flat, args, kwargs, None, quick=True)
+
+
+def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, tensors):
+    """A call csrc/hit.cpp's fast() walked and did not serve: on from its quick key (`compiled`
+    found by it, or None), as execute() goes on from there."""
+    try:
+        if compiled is not None:
+            hit = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
+            if hit is not _SLOW:
+                return hit
+        res = _full(low, args, kwargs, (key, None))
+    except Exception:
+        if _CARRIED_SEEN[0] and carried.involved(args, kwargs):
+            raise carried.FirstSeen(low.name) from None
+        raise
+    if _CARRIED_SEEN[0] and carried.involved(args, kwargs):
+        raise carried.FirstSeen(low.name)
+    return res
+
+
+def _full(low: Lowering, args, kwargs, q):
+    """The call flattened whole: its Signature, its executable (built on a miss), its run.
+    `q`: its quick key (None: it has none), remembered for the signature."""
     gen = None
     if low.random:  # a generator= is state, not part of the program: its seed/offset are inputs
         args, kwargs, gen = rng.split_generator(args, kwargs)
@@ -260,6 +301,9 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         leaf.commit(entries, updated)
         if flags is not None:
             _flagged(compiled, mode, [(entries[s], b) for s, b in updated.items()], flags)
+        elif compiled.hit is None and _chit is not None and not low.random and not compiled.checks \
+                and not compiled.partial:
+            compiled.hit = _plan_in_place(low, compiled)
         return _finish(low, compiled, args, kwargs, None)
     if compiled.structure == "none":
         if flags is not None:  # an assertion (_assert_async): a check and nothing else
@@ -268,6 +312,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
     it = iter(outs)
     if flags is None:
         results = [None if o is None else tensors.empty(o[0], o[1], next(it), o[2]) for o in compiled.outs]
+        if compiled.hit is None and _chit is not None and not low.random and not compiled.checks:
+            compiled.hit = _plan_hit(compiled)
         return _finish(low, compiled, args, kwargs, results)
     results, written = [], []
     for o in compiled.outs:
@@ -279,6 +325,61 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         written.append((e, e.buf))
     _flagged(compiled, mode, written, flags)
     return _finish(low, compiled, args, kwargs, results)
+
+
+# Calls csrc/hit.cpp's gate sends to execute() whatever their arguments: their executor
+# path looks at them before the quick key (eager/growth.py's cat, a varying arange or index).
+_OWN_PATH = _VARYING_ARGS | {"cat", "arange"}
+
+
+def fast_path(low: Lowering):
+    """(fast, state): `fast(state, args, kwargs)` serves a call of `low` whole in C++ where it
+    is a planned strict cache hit, hands it to resume() with its quick key where not, and
+    answers NotImplemented where execute() must see it first; None: execute() serves every
+    call of `low` (a random op, one with its own path, or the extension was not built)."""
+    if _fast is None or low.random or low.name in _OWN_PATH:
+        return None
+    return _fast, (low, low.name, low.mode, low.scan_info)
+
+
+def _configure_fast():
+    if _chit is None:
+        return None
+    from ..runtime import _hit
+    from ..runtime.jaxenv import CARRIED
+    _hit.configure_fast(_quick, _MODE, _SPREAD, _CARRIED_SEEN, DYNAMIC, _checks.enabled_cell, CARRIED,
+                        _tprof, lambda: precision.sync(_flush_for_precision), scalars.pack_cached,
+                        _NO_SCALARS, resume)
+    return _hit.fast
+
+
+_STRUCTURES = {"one": 0, "tuple": 1, "list": 2}
+
+
+def _plan_hit(compiled):
+    """What csrc/hit.cpp needs to serve the op's later strict hits (its functional outputs of
+    dtypes stored as themselves, no check flags, no random state), or False: the Python path
+    serves them."""
+    plan = []
+    for o in compiled.outs:
+        if o is None:
+            plan.append(None)
+            continue
+        shape, dtype, strides = o
+        jdt = tensors.PLAIN.get(dtype)
+        if jdt is None:
+            return False
+        plan.append((tuple(shape), dtype, jdt, math.prod(shape), None if strides is None else tuple(strides)))
+    return (compiled.fn, tuple(plan), _STRUCTURES[compiled.structure], compiled.fn.codes, -1, None)
+
+
+def _plan_in_place(low, compiled):
+    """_plan_hit for an in-place op (no donation: it writes no part of a big storage): the
+    program's writes become its storages' buffers, the written argument is the result."""
+    i = low.returned_index
+    if i >= 0 and i >= len(low.args):
+        return False
+    return (compiled.fn, (), 3, compiled.fn.codes, i, low.mutated[0] if i >= 0 else None)
 
 
 def cache_size() -> int:
@@ -328,3 +429,6 @@ def _check_nans(low, flat, outs, updated) -> None:
             raise FloatingPointError(
                 f"torchtpu debug: {describe(low, flat.tensors)} produced NaN or Inf (TORCHTPU_DEBUG_NANS=1)"
             )
+
+
+_fast = _configure_fast()

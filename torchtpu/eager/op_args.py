@@ -63,6 +63,13 @@ class Flat(_leaf.Leaves):
         self.dyn = []
         self.tensors = []
 
+    @classmethod
+    def scanned(cls, entries, offsets, dyn, tensors) -> "Flat":
+        """The Flat of a call csrc/hit.cpp walked (its lists, as scan() fills them)."""
+        flat = cls()
+        flat.entries, flat.offsets, flat.dyn, flat.tensors = entries, offsets, dyn, tensors
+        return flat
+
     def tensor(self, t: torch.Tensor, low: Lowering):
         if t.is_cpu:
             if t.dim() != 0:

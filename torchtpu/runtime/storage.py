@@ -201,3 +201,21 @@ def live_buffers(index: int | None = None) -> int:
     return sum(1 for e in list(table.values()) if e.index == index)
 
 
+def _native():
+    """csrc/hit.cpp (a strict op's cache hit and a new tensor's entry in C++), handed the state
+    it acts on: this table, device 0's stats, the lock and release above, the metrics counters,
+    the executables' clock, the parked buffers; None where the extension was not built."""
+    try:
+        from . import _hit
+    except ImportError:  # (a checkout whose C++ extensions were not built: `make venv` builds them)
+        return None
+    from jax._src.array import ArrayImpl  # (its type only: no XLA backend starts here)
+
+    from .. import metrics
+    from .executables import clock
+    _hit.configure(table, _of(0), metrics.live_counts(), clock, _hit.released, functools.partial,
+                   inflight.parked_buffers, inflight.tidy, Entry, ArrayImpl, _lock, _release)
+    return _hit
+
+
+native = _native()

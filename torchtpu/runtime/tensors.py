@@ -36,6 +36,10 @@ def empty(shape, dtype: torch.dtype, buf=None, strides=None) -> torch.Tensor:
 
 def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
     """empty() and its storage entry (for the caller that writes the entry's buffer later)."""
+    if _new is not None and strides is None and not _SPREAD[0]:
+        jdt = _PLAIN.get(dtype)
+        if jdt is not None:  # the common case in one C++ call: csrc/hit.cpp's new_tensor
+            return _new(shape, dtype, jdt, buf)
     shape = tuple(shape)
     # (this runs for every result of every op: the plain case without a call of its own)
     t = _create_on_0(shape, dtype) if not _SPREAD[0] else _create(shape, dtype)
@@ -46,8 +50,17 @@ def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
     return t, entry
 
 
+_new = storage.native.new_tensor if storage.native is not None else None
+# hit(compiled, entries, packed) -> result | NotImplemented: a strict op's planned cache hit
+hit = storage.native.hit if storage.native is not None else None
+PLAIN = _PLAIN
+_alias = storage.native.alias if storage.native is not None else None
+
+
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A tensor sharing `base`'s storage with new geometry: metadata only, no copy."""
+    if _alias is not None and not (_SPREAD[0] and base.device.index):
+        return _alias(base, shape, stride, offset, dtype)  # csrc/hit.cpp: the same, in one call
     if placement.spread() and base.device.index:  # on the base's device, whichever op runs
         out = placement.create_empty((0,), dtype or base.dtype, base.device.index)
     else:

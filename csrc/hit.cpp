@@ -1,0 +1,764 @@
+// A strict op's cache hit, and a new tensor's storage entry, without Python frames.
+//
+// A tpu tensor is a torch.Tensor over a zero-byte storage whose data is a flat JAX array held
+// by a storage entry (runtime/storage.py: the table maps the StorageImpl's address to the
+// entry; a weakref on the storage's Python object drops the entry when the storage dies).
+// Making such a tensor in Python (tensors.empty_with_entry, storage.attach) took ~4 us, as
+// much as the jitted call it wraps; and a strict op's cache hit went through some forty
+// Python calls around that one call. Here both are one C++ pass each, doing exactly what the
+// Python code states (it stays: it serves every case this does not: other devices, strides,
+// carried dtypes, in-place ops, check flags, the profiler, errors):
+//
+// configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type,
+//           lock, release)
+//   the Python state these functions act on: storage.table, device 0's allocation stats,
+//   metrics' counters, executables.clock, the storage weakref's callback (key, entry, ref:
+//   this module's released), functools.partial, inflight.parked_buffers and inflight.tidy,
+//   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock and
+//   storage._release (the callback's general case)
+// new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)
+//   a contiguous tpu tensor on device 0 over a new storage entry holding `buf`
+// alias(base, shape, stride, offset, dtype) -> tensor
+//   a view of `base`'s storage on device 0 with that geometry (tensors.alias)
+// released(key, entry, ref)
+//   storage._release's common case, as the storage weakref's callback
+// hit(compiled, entries, packed) -> result | NotImplemented
+//   runs compiled.hit (the plan eager/executor.py made after the op's first run) on the
+//   entries' buffers and the packed runtime scalars; NotImplemented where the Python path
+//   must serve the call (a buffer not computed yet, or the call raised: that path runs it
+//   again and reports the error as it does)
+#include "walk.h"
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
+
+#include <ATen/Context.h>
+#include <c10/core/DefaultDtype.h>
+
+namespace {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+
+struct State {
+  PyObject* table = nullptr;
+  PyObject* stats = nullptr;
+  PyObject* counts = nullptr;
+  PyObject* clock = nullptr;
+  PyObject* released = nullptr;
+  PyObject* partial = nullptr;
+  PyObject* parked = nullptr;
+  PyObject* tidy = nullptr;
+  PyObject* entry_type = nullptr;
+  PyTypeObject* array_type = nullptr;
+  PyObject* acquire = nullptr;  // storage._lock's bound acquire/release (reentrant)
+  PyObject* unlock = nullptr;
+  PyObject* release_py = nullptr;  // storage._release: what released() defers to off its common case
+} st;
+
+PyObject* s_hit;
+PyObject* s_used;
+PyObject* s_watch;
+PyObject* s_index;
+PyObject* s_addr;
+PyObject* s_nbytes;
+PyObject* s_append;
+PyObject* s_is_ready;
+PyObject* s_is_deleted;
+PyObject* s_allocated;
+PyObject* s_peak;
+PyObject* s_cache_hits;
+PyObject* s_executions;
+PyObject* s_native_hits;
+PyObject* empty_tuple;
+
+// dict[key] += n (a missing key counts as 0); -1 with an error set on failure
+int add_to(PyObject* dict, PyObject* key, long long n, long long* now = nullptr) {
+  PyObject* old = PyDict_GetItemWithError(dict, key);  // borrowed
+  if (!old && PyErr_Occurred()) return -1;
+  long long v = old ? PyLong_AsLongLong(old) : 0;
+  if (v == -1 && PyErr_Occurred()) return -1;
+  v += n;
+  PyObject* nv = PyLong_FromLongLong(v);
+  if (!nv) return -1;
+  int rc = PyDict_SetItem(dict, key, nv);
+  Py_DECREF(nv);
+  if (now) *now = v;
+  return rc;
+}
+
+// storage._lock, held around the table and stats updates as the Python code holds it (its
+// acquire gives up the GIL while it waits)
+struct Locked {
+  bool ok;
+  Locked() {
+    PyObject* r = PyObject_CallNoArgs(st.acquire);
+    ok = r != nullptr;
+    Py_XDECREF(r);
+  }
+  ~Locked() {
+    if (!ok) return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);  // an error being raised survives the release
+    PyObject* r = PyObject_CallNoArgs(st.unlock);
+    if (r) Py_DECREF(r);
+    else PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+  }
+};
+
+// A tpu tensor on device 0 over an empty storage (device_guard.create_empty's make), dense:
+// contiguous, or laid out by `strides` (a permutation of them: channels_last)
+at::Tensor make_empty(const std::vector<int64_t>& sizes, c10::ScalarType dtype,
+                      const std::vector<int64_t>* given = nullptr) {
+  const size_t n = sizes.size();
+  std::vector<int64_t> strides(n);
+  if (given) {
+    strides = *given;
+  } else {
+    int64_t step = 1;
+    for (size_t i = n; i > 0; --i) {
+      strides[i - 1] = step;
+      step *= sizes[i - 1];
+    }
+  }
+  c10::Storage storage(c10::Storage::use_byte_size_t{}, 0, c10::GetAllocator(c10::kMeta), true);
+  storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(kType, 0)));
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, 0);
+  return t;
+}
+
+// a tuple of ints as a vector; false with an error set
+bool int_vector(PyObject* tup, std::vector<int64_t>& out) {
+  PyObject* seq = PySequence_Fast(tup, "expected a sequence of ints");
+  if (!seq) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+  Py_DECREF(seq);
+  return !PyErr_Occurred();
+}
+
+// storage.attach for a new tensor on device 0: its entry (numel, npdtype, buf) in the table,
+// watched by a weakref on the storage's Python object, its bytes counted. A new reference to
+// the entry, or nullptr with an error set.
+PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject* buf) {
+  PyObject* storage = THPStorage_Wrap(t.storage());
+  if (!storage) return nullptr;
+  PyObject* key = PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl());
+  PyObject* n = key ? PyLong_FromLongLong(numel) : nullptr;
+  PyObject* entry = n ? PyObject_CallFunctionObjArgs(st.entry_type, n, npdtype, buf, nullptr) : nullptr;
+  Py_XDECREF(n);
+  PyObject* cb = entry ? PyObject_CallFunctionObjArgs(st.partial, st.released, key, entry, nullptr) : nullptr;
+  PyObject* ref = cb ? PyWeakref_NewRef(storage, cb) : nullptr;
+  Py_XDECREF(cb);
+  Py_DECREF(storage);
+  int rc = ref ? PyObject_SetAttr(entry, s_watch, ref) : -1;
+  Py_XDECREF(ref);
+  Locked lock;
+  if (!lock.ok) rc = -1;
+  if (rc == 0) rc = PyDict_SetItem(st.table, key, entry);
+  Py_XDECREF(key);
+  if (rc == 0) {
+    long long nbytes = numel * static_cast<long long>(t.dtype().itemsize());
+    long long now = 0;
+    rc = add_to(st.stats, s_allocated, nbytes, &now);
+    if (rc == 0) {
+      PyObject* peak = PyDict_GetItemWithError(st.stats, s_peak);
+      long long p = peak ? PyLong_AsLongLong(peak) : 0;
+      if (p == -1 && PyErr_Occurred()) rc = -1;
+      else if (now > p) {
+        PyObject* v = PyLong_FromLongLong(now);
+        rc = v ? PyDict_SetItem(st.stats, s_peak, v) : -1;
+        Py_XDECREF(v);
+      }
+    }
+  }
+  if (rc != 0) {
+    Py_XDECREF(entry);
+    return nullptr;
+  }
+  return entry;
+}
+
+// let go of finished parked buffers, as storage.attach does before each new storage
+int tidy_parked() {
+  if (PyObject_Length(st.parked) > 0) {
+    PyObject* r = PyObject_CallNoArgs(st.tidy);
+    if (!r) return -1;
+    Py_DECREF(r);
+  }
+  return 0;
+}
+
+// storage._release for an entry of device 0 without a device address (other entries: the
+// Python function): drop it from the table, uncount its bytes, break the entry -> weakref
+// cycle, park its buffer for synchronize(). Called as the storage weakref's callback:
+// alias(base, shape, stride, offset, dtype) -> tensor
+//   a view of `base`'s storage on device 0 with that geometry (tensors.alias)
+// released(key, entry, ref) (bound by functools.partial). No JAX calls here (see inflight.py).
+PyObject* released(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 3) {
+    PyErr_SetString(PyExc_TypeError, "released(key, entry, ref)");
+    return nullptr;
+  }
+  if (Py_IsFinalizing() || !st.table) Py_RETURN_NONE;  // interpreter exit: the process frees it all
+  PyObject* key = a[0];
+  PyObject* entry = a[1];
+  PyObject* index = PyObject_GetAttr(entry, s_index);
+  PyObject* addr = index ? PyObject_GetAttr(entry, s_addr) : nullptr;
+  if (!addr) {
+    Py_XDECREF(index);
+    return nullptr;
+  }
+  const bool common = PyLong_CheckExact(index) && PyLong_AsLong(index) == 0 && addr == Py_None;
+  Py_DECREF(index);
+  Py_DECREF(addr);
+  if (!common) return PyObject_CallFunctionObjArgs(st.release_py, key, entry, nullptr);
+  PyObject* nb = PyObject_GetAttr(entry, s_nbytes);
+  if (!nb) return nullptr;
+  const long long nbytes = PyLong_AsLongLong(nb);
+  Py_DECREF(nb);
+  if (nbytes == -1 && PyErr_Occurred()) return nullptr;
+  {
+    Locked lock;
+    if (!lock.ok) return nullptr;
+    PyObject* had = PyDict_GetItemWithError(st.table, key);  // borrowed
+    if (had == entry && PyDict_DelItem(st.table, key) < 0) return nullptr;
+    if (!had && PyErr_Occurred()) return nullptr;
+    if (add_to(st.stats, s_allocated, -nbytes) < 0) return nullptr;
+  }
+  if (PyObject_SetAttr(entry, s_watch, Py_None) < 0) return nullptr;
+  PyObject* buf = PyObject_GetAttr(entry, s_buf);
+  if (!buf) return nullptr;
+  // inflight.retire: a device buffer (anything with is_ready) is parked
+  int park = Py_TYPE(buf) == st.array_type ? 1 : PyObject_HasAttr(buf, s_is_ready);
+  PyObject* r = park ? PyObject_CallMethodOneArg(st.parked, s_append, buf) : Py_None;
+  Py_DECREF(buf);
+  if (!r) return nullptr;
+  if (park) Py_DECREF(r);
+  Py_RETURN_NONE;
+}
+
+bool configured() {
+  if (st.table) return true;
+  PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: configure() was not called");
+  return false;
+}
+
+PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 12 || !PyType_Check(a[9])) {
+    PyErr_SetString(PyExc_TypeError, "configure: 12 arguments, the tenth a type");
+    return nullptr;
+  }
+  PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.released,
+                        &st.partial, &st.parked, &st.tidy, &st.entry_type};
+  for (int i = 0; i < 9; ++i) {
+    Py_INCREF(a[i]);
+    Py_XSETREF(*slots[i], a[i]);
+  }
+  Py_INCREF(a[9]);
+  st.array_type = reinterpret_cast<PyTypeObject*>(a[9]);
+  PyObject* acquire = PyObject_GetAttrString(a[10], "acquire");
+  PyObject* unlock = acquire ? PyObject_GetAttrString(a[10], "release") : nullptr;
+  if (!unlock) {
+    Py_XDECREF(acquire);
+    return nullptr;
+  }
+  Py_XSETREF(st.acquire, acquire);
+  Py_XSETREF(st.unlock, unlock);
+  Py_INCREF(a[11]);
+  Py_XSETREF(st.release_py, a[11]);
+  Py_RETURN_NONE;
+}
+
+PyObject* new_tensor(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 4 || !THPDtype_Check(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "new_tensor(shape, dtype, npdtype, buf)");
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  PyObject* seq = PySequence_Fast(a[0], "new_tensor: expected a sequence of sizes");
+  if (!seq) return nullptr;
+  const Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+  std::vector<int64_t> sizes(nd);
+  int64_t numel = 1;
+  for (Py_ssize_t i = 0; i < nd; ++i) {
+    sizes[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    numel *= sizes[i];
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) return nullptr;
+  if (tidy_parked() < 0) return nullptr;
+  HANDLE_TH_ERRORS
+  at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(a[1])->scalar_type);
+  PyObject* entry = attach(t, numel, a[2], a[3]);
+  if (!entry) return nullptr;
+  PyObject* obj = THPVariable_Wrap(std::move(t));
+  if (!obj) {
+    Py_DECREF(entry);
+    return nullptr;
+  }
+  PyObject* out = PyTuple_Pack(2, obj, entry);
+  Py_DECREF(obj);
+  Py_DECREF(entry);
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+// alias(base, shape, stride, offset, dtype) -> tensor: tensors.alias on device 0 (a view of
+// `base`'s storage with new geometry; dtype None: base's), its geometry set by the Meta kernel
+// of set_ as the Python code redispatches it
+PyObject* alias(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 5 || !THPVariable_Check(a[0]) || (a[4] != Py_None && !THPDtype_Check(a[4]))) {
+    PyErr_SetString(PyExc_TypeError, "alias(base, shape, stride, offset, dtype)");
+    return nullptr;
+  }
+  std::vector<int64_t> sizes, strides;
+  if (!int_vector(a[1], sizes) || !int_vector(a[2], strides)) return nullptr;
+  const int64_t offset = PyLong_AsLongLong(a[3]);
+  if (offset == -1 && PyErr_Occurred()) return nullptr;
+  HANDLE_TH_ERRORS
+  const at::Tensor& base = THPVariable_Unpack(a[0]);
+  const c10::ScalarType dtype = a[4] == Py_None ? base.scalar_type() : reinterpret_cast<THPDtype*>(a[4])->scalar_type;
+  at::Tensor out = make_empty({0}, dtype);
+  at::_ops::set__source_Storage_storage_offset::redispatch(
+      c10::DispatchKeySet(c10::DispatchKey::Meta), out, base.storage(), offset, c10::fromIntArrayRefSlow(sizes),
+      c10::fromIntArrayRefSlow(strides));
+  // lazy conjugate/negative bits live on the tensor, not the storage: a view keeps them (a
+  // negative bit also on real views: x.conj().imag is the negated imaginary part)
+  if (base.is_neg() && (out.scalar_type() == base.scalar_type() || out.is_complex() == base.is_complex()))
+    out._set_neg(true);
+  if (base.is_conj() && out.is_complex()) out._set_conj(true);
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* not_here() {
+  Py_INCREF(Py_NotImplemented);
+  return Py_NotImplemented;
+}
+
+// compiled.hit: (fn, outs, structure, codes, returned, name) with outs a tuple of (sizes, dtype,
+// npdtype, numel, strides or None: contiguous) or None per output, structure 0 one, 1 tuple, 2 list, 3 in place (the result
+// is None: the caller returns the written argument: positional `returned`, else keyword `name`;
+// -1: none), codes its runtime scalars' kinds
+// a hit's counters: a cache hit and an execution, as the Python path counts them, and that it
+// was served here
+int count_hit() {
+  if (add_to(st.counts, s_cache_hits, 1) < 0 || add_to(st.counts, s_executions, 1) < 0) return -1;
+  return add_to(st.counts, s_native_hits, 1);
+}
+
+// inflight.ready for a JAX array: a deleted (donated) one counts as ready; 1, 0, or -1 on error
+int array_ready(PyObject* b) {
+  PyObject* d = PyObject_CallMethodNoArgs(b, s_is_deleted);
+  if (!d) return -1;
+  const int deleted = PyObject_IsTrue(d);
+  Py_DECREF(d);
+  if (deleted) return deleted;
+  PyObject* r = PyObject_CallMethodNoArgs(b, s_is_ready);
+  if (!r) {  // (inflight.ready: an array that cannot say is ready)
+    PyErr_Clear();
+    return 1;
+  }
+  const int ready = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return ready;
+}
+
+// leaf.commit: each written storage (slot -> new array in `updated`) takes its new buffer; an
+// old one still being computed is parked for synchronize() (inflight.replaced)
+int commit(PyObject* entries, PyObject* updated) {
+  if (!PyDict_Check(updated)) {
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: an in-place program's writes are not a dict");
+    return -1;
+  }
+  Py_ssize_t pos = 0;
+  PyObject *slot, *b;
+  while (PyDict_Next(updated, &pos, &slot, &b)) {
+    const Py_ssize_t i = PyLong_AsSsize_t(slot);
+    if (i < 0 || i >= PyList_GET_SIZE(entries)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: a write past the call's storages");
+      return -1;
+    }
+    PyObject* entry = PyList_GET_ITEM(entries, i);
+    PyObject* old = PyObject_GetAttr(entry, s_buf);
+    if (!old) return -1;
+    if (PyObject_SetAttr(entry, s_buf, b) < 0) {
+      Py_DECREF(old);
+      return -1;
+    }
+    int rc = 0;
+    if (old != b && Py_TYPE(old) == st.array_type) {
+      const int ready = array_ready(old);
+      if (ready < 0) rc = -1;
+      else if (!ready) {
+        PyObject* r = PyObject_CallMethodOneArg(st.parked, s_append, old);
+        if (!r) rc = -1;
+        Py_XDECREF(r);
+      }
+    }
+    Py_DECREF(old);
+    if (rc < 0) return -1;
+  }
+  return 0;
+}
+
+// compiled.hit run on the entries' buffers; NotImplemented where the Python path must serve
+PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
+  PyObject* plan = PyObject_GetAttr(compiled, s_hit);
+  if (!plan) return nullptr;
+  if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 6) {
+    Py_DECREF(plan);
+    return not_here();
+  }
+  PyObject* fn = PyTuple_GET_ITEM(plan, 0);
+  PyObject* outs = PyTuple_GET_ITEM(plan, 1);
+  const long structure = PyLong_AsLong(PyTuple_GET_ITEM(plan, 2));
+  // the entries' buffers: computed JAX arrays only (a pending, failed or unwritten one: the
+  // Python path, which materializes, raises or refuses it)
+  const Py_ssize_t ne = PyList_GET_SIZE(entries);
+  PyObject* bufs = PyTuple_New(ne);
+  if (!bufs) {
+    Py_DECREF(plan);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < ne; ++i) {
+    PyObject* b = PyObject_GetAttr(PyList_GET_ITEM(entries, i), s_buf);
+    if (!b) {
+      Py_DECREF(bufs);
+      Py_DECREF(plan);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(bufs, i, b);
+    if (Py_TYPE(b) != st.array_type) {
+      Py_DECREF(bufs);
+      Py_DECREF(plan);
+      return not_here();
+    }
+  }
+  PyObject* now = PyIter_Next(st.clock);  // the cache's LRU clock: this use
+  if (!now || PyObject_SetAttr(compiled, s_used, now) < 0) {
+    Py_XDECREF(now);
+    Py_DECREF(bufs);
+    Py_DECREF(plan);
+    return nullptr;
+  }
+  Py_DECREF(now);
+  PyObject* r = PyObject_CallFunctionObjArgs(fn, bufs, packed, empty_tuple, nullptr);
+  Py_DECREF(bufs);
+  if (!r) {
+    Py_DECREF(plan);
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt, ...
+    PyErr_Clear();  // the Python path runs it again and reports it as it does
+    return not_here();
+  }
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3 || PyTuple_GET_ITEM(r, 2) != Py_None) {
+    Py_DECREF(r);
+    Py_DECREF(plan);
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: a planned op's program returned check flags");
+    return nullptr;
+  }
+  if (structure == 3) {  // in place: the written storages take their new buffers (leaf.commit)
+    int rc = commit(entries, PyTuple_GET_ITEM(r, 1));
+    Py_DECREF(r);
+    Py_DECREF(plan);
+    if (rc < 0 || count_hit() < 0) return nullptr;
+    Py_RETURN_NONE;
+  }
+  PyObject* arrs = PySequence_Fast(PyTuple_GET_ITEM(r, 0), "hit: outputs");
+  Py_DECREF(r);
+  if (!arrs) {
+    Py_DECREF(plan);
+    return nullptr;
+  }
+  const Py_ssize_t no = PyTuple_GET_SIZE(outs);
+  PyObject* results = nullptr;
+  if (count_hit() < 0 || tidy_parked() < 0)
+    goto fail;
+  results = PyTuple_New(no);
+  if (!results) goto fail;
+  {
+    Py_ssize_t k = 0;
+    const Py_ssize_t na = PySequence_Fast_GET_SIZE(arrs);
+    for (Py_ssize_t i = 0; i < no; ++i) {
+      PyObject* spec = PyTuple_GET_ITEM(outs, i);
+      if (spec == Py_None) {
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(results, i, Py_None);
+        continue;
+      }
+      if (k >= na) {
+        PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: fewer outputs than planned");
+        goto fail;
+      }
+      PyObject* shape = PyTuple_GET_ITEM(spec, 0);
+      const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+      std::vector<int64_t> sizes(nd);
+      for (Py_ssize_t d = 0; d < nd; ++d) sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+      const long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 3));
+      PyObject* layout = PyTuple_GET_ITEM(spec, 4);  // strides, or None: contiguous
+      std::vector<int64_t> strides;
+      if (layout != Py_None) {
+        strides.resize(nd);
+        for (Py_ssize_t d = 0; d < nd; ++d) strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(layout, d));
+      }
+      if (PyErr_Occurred()) goto fail;
+      PyObject* obj = nullptr;
+      try {
+        at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(spec, 1))->scalar_type,
+                                  layout != Py_None ? &strides : nullptr);
+        PyObject* entry = attach(t, numel, PyTuple_GET_ITEM(spec, 2), PySequence_Fast_GET_ITEM(arrs, k));
+        if (!entry) goto fail;
+        Py_DECREF(entry);
+        obj = THPVariable_Wrap(std::move(t));
+      } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        goto fail;
+      }
+      if (!obj) goto fail;
+      PyTuple_SET_ITEM(results, i, obj);
+      ++k;
+    }
+  }
+  Py_DECREF(arrs);
+  Py_DECREF(plan);
+  if (structure == 0) {
+    PyObject* one = PyTuple_GET_ITEM(results, 0);
+    Py_INCREF(one);
+    Py_DECREF(results);
+    return one;
+  }
+  if (structure == 2) {
+    PyObject* lst = PySequence_List(results);
+    Py_DECREF(results);
+    return lst;
+  }
+  return results;
+fail:
+  Py_XDECREF(results);
+  Py_DECREF(arrs);
+  Py_DECREF(plan);
+  return nullptr;
+}
+
+PyObject* hit(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 3 || !PyList_CheckExact(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "hit(compiled, entries, packed)");
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  return serve(a[0], a[1], a[2]);
+}
+
+// ---- the whole call: gate, key, hit ----------------------------------------------------
+
+struct Gate {
+  PyObject* quick = nullptr;         // the op cache's by_quick_key
+  PyObject* mode_state = nullptr;    // eager/modes.state: {"mode": ...}
+  PyObject* spread = nullptr;        // placement.SPREAD: [more than tpu:0 in use]
+  PyObject* carried_seen = nullptr;  // jaxenv.CARRIED_SEEN: [a carried dtype seen]
+  PyObject* dynamic = nullptr;       // executor.DYNAMIC: [its "dynamic" interceptor or None]
+  PyObject* checks = nullptr;        // ops/checks.enabled_cell: [device-side checks on]
+  PyObject* carried = nullptr;       // jaxenv.CARRIED: the carried dtypes
+  PyObject* profiler = nullptr;      // torch.autograd.profiler (its _is_profiler_enabled)
+  PyObject* sync = nullptr;          // () -> None: precision.sync with the executor's flush
+  PyObject* pack = nullptr;          // scalars.pack_cached(values, codes)
+  PyObject* no_scalars = nullptr;    // what pack_cached gives for no values
+  PyObject* resume = nullptr;        // executor.resume(low, args, kwargs, key, compiled, entries, offsets, dyn, tensors)
+  int precision = -1;                // float32 matmul precision at the last sync
+} gate;
+
+PyObject* s_mode;
+PyObject* s_strict;
+PyObject* s_device;
+PyObject* s_dtype_kw;
+PyObject* s_profiling;
+
+bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
+  return PyList_GET_SIZE(lst) > 0 && PyObject_IsTrue(PyList_GET_ITEM(lst, 0)) == 1;
+}
+
+PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 12) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: 12 arguments");
+    return nullptr;
+  }
+  PyObject** slots[] = {&gate.quick, &gate.mode_state, &gate.spread, &gate.carried_seen,
+                        &gate.dynamic, &gate.checks, &gate.carried, &gate.profiler,
+                        &gate.sync, &gate.pack, &gate.no_scalars, &gate.resume};
+  for (int i = 0; i < 12; ++i) {
+    Py_INCREF(a[i]);
+    Py_XSETREF(*slots[i], a[i]);
+  }
+  for (int i : {2, 3, 4, 5}) {
+    if (!PyList_CheckExact(a[i])) {
+      PyErr_SetString(PyExc_TypeError, "configure_fast: state cells must be lists");
+      return nullptr;
+    }
+  }
+  gate.precision = -1;
+  Py_RETURN_NONE;
+}
+
+// fast(state, args, kwargs) -> result | NotImplemented
+//   state: (low, name, mode, scan_info) of one lowering. The call, served whole where it is a
+//   strict cache hit with a plan; else handed to executor.resume with its key and scan, so the
+//   Python path does not walk it again; NotImplemented where the executor's full path must see
+//   it first (what eager/executor.execute does before its quick key: carried dtypes, several
+//   devices, dynamic dims, a device= or carried dtype= keyword, an argument the walk does not
+//   read)
+PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 3 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 4 || !PyTuple_Check(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "fast(state, args, kwargs)");
+    return nullptr;
+  }
+  if (!gate.quick || !configured()) {
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: configure_fast() was not called");
+    return nullptr;
+  }
+  PyObject* state = a[0];
+  PyObject* args = a[1];
+  PyObject* kwargs = (a[2] != Py_None && PyDict_GET_SIZE(a[2]) > 0) ? a[2] : nullptr;
+  if (cell(gate.carried_seen) || cell(gate.spread) || PyList_GET_ITEM(gate.dynamic, 0) != Py_None) return not_here();
+  if (kwargs) {
+    if (PyDict_GetItemWithError(kwargs, s_device)) return not_here();
+    PyObject* dt = PyDict_GetItemWithError(kwargs, s_dtype_kw);
+    if (PyErr_Occurred()) return nullptr;
+    if (dt) {
+      int c = PySequence_Contains(gate.carried, dt);
+      if (c < 0) return nullptr;
+      if (c) return not_here();
+    }
+  }
+  const int precision = static_cast<int>(at::globalContext().float32MatmulPrecision());
+  if (precision != gate.precision) {  // torch's matmul precision changed: JAX follows it
+    PyObject* r = PyObject_CallNoArgs(gate.sync);
+    if (!r) return nullptr;
+    Py_DECREF(r);
+    gate.precision = precision;
+  }
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::get_default_dtype_as_scalartype()));
+  PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2),
+                                PyList_GET_ITEM(gate.checks, 0), dtype);
+  if (!head) return nullptr;
+  PyObject* entries = PyList_New(0);
+  PyObject* offsets = PyList_New(0);
+  PyObject* dyn = PyList_New(0);
+  PyObject* tensors = PyList_New(0);
+  PyObject* key = nullptr;
+  PyObject* out = nullptr;
+  if (entries && offsets && dyn && tensors) {
+    Walk w{st.table, entries, offsets, dyn, tensors, {}};
+    key = walk_key(w, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
+  }
+  Py_DECREF(head);
+  if (!key) goto done;
+  if (key == Py_None) {  // an argument the walk does not read: the full path
+    out = not_here();
+    goto done;
+  }
+  {
+    PyObject* compiled = PyDict_GetItemWithError(gate.quick, key);  // borrowed
+    if (!compiled && PyErr_Occurred()) goto done;
+    if (compiled) {
+      PyObject* mode = PyDict_GetItemWithError(gate.mode_state, s_mode);
+      PyObject* prof = mode ? PyObject_GetAttr(gate.profiler, s_profiling) : nullptr;
+      if (!prof) goto done;
+      const bool strict = PyUnicode_Check(mode) && PyUnicode_Compare(mode, s_strict) == 0;
+      const int profiling = PyObject_IsTrue(prof);
+      Py_DECREF(prof);
+      PyObject* plan = strict && profiling == 0 ? PyObject_GetAttr(compiled, s_hit) : nullptr;
+      if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 6) {
+        PyObject* packed;
+        if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets)) {
+          PyObject* vals = PySequence_Concat(dyn, offsets);  // offsets ride after the scalars
+          packed = vals ? PyObject_CallFunctionObjArgs(gate.pack, vals, PyTuple_GET_ITEM(plan, 3), nullptr) : nullptr;
+          Py_XDECREF(vals);
+        } else {
+          packed = gate.no_scalars;
+          Py_INCREF(packed);
+        }
+        if (packed) out = serve(compiled, entries, packed);
+        Py_XDECREF(packed);
+        if (out && out != Py_NotImplemented && PyLong_AsLong(PyTuple_GET_ITEM(plan, 2)) == 3) {
+          // in place: the op returns its written argument
+          Py_DECREF(out);
+          const long i = PyLong_AsLong(PyTuple_GET_ITEM(plan, 4));
+          if (i < 0) out = Py_None;
+          else if (i < PyTuple_GET_SIZE(args)) out = PyTuple_GET_ITEM(args, i);
+          else out = kwargs ? PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(plan, 5)) : nullptr;
+          if (out) Py_INCREF(out);
+          else if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: the written argument is missing");
+        }
+        Py_DECREF(plan);
+        if (!out) goto done;
+        if (out != Py_NotImplemented) goto done;
+        Py_CLEAR(out);
+      } else {
+        Py_XDECREF(plan);
+        if (PyErr_Occurred()) goto done;
+      }
+    }
+    PyObject* rargs[] = {PyTuple_GET_ITEM(state, 0), args, a[2], key, compiled ? compiled : Py_None,
+                         entries, offsets, dyn, tensors};
+    out = PyObject_Vectorcall(gate.resume, rargs, 9, nullptr);
+  }
+done:
+  Py_XDECREF(key);
+  Py_XDECREF(entries);
+  Py_XDECREF(offsets);
+  Py_XDECREF(dyn);
+  Py_XDECREF(tensors);
+  return out;
+}
+
+PyMethodDef methods[] = {
+    {"configure_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_fast)), METH_FASTCALL,
+     "configure_fast(quick, mode_state, spread, carried_seen, dynamic, checks, carried, profiler, sync, pack, "
+     "no_scalars, resume)"},
+    {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,
+     "fast(state, args, kwargs) -> result | NotImplemented"},
+    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
+     "configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type)"},
+    {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(new_tensor)), METH_FASTCALL,
+     "new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)"},
+    {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(alias)), METH_FASTCALL,
+     "alias(base, shape, stride, offset, dtype) -> a view of base's storage"},
+    {"released", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(released)), METH_FASTCALL,
+     "released(key, entry, ref): a storage's entry let go (storage._release's common case)"},
+    {"hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(hit)), METH_FASTCALL,
+     "hit(compiled, entries, packed) -> result | NotImplemented"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit", "A strict op's cache hit in one C++ pass (csrc/hit.cpp).",
+                      -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__hit(void) {
+  s_hit = PyUnicode_InternFromString("hit");
+  s_mode = PyUnicode_InternFromString("mode");
+  s_strict = PyUnicode_InternFromString("strict");
+  s_device = PyUnicode_InternFromString("device");
+  s_dtype_kw = PyUnicode_InternFromString("dtype");
+  s_profiling = PyUnicode_InternFromString("_is_profiler_enabled");
+  walk_init();
+  s_used = PyUnicode_InternFromString("used");
+  s_watch = PyUnicode_InternFromString("watch");
+  s_index = PyUnicode_InternFromString("index");
+  s_addr = PyUnicode_InternFromString("addr");
+  s_nbytes = PyUnicode_InternFromString("nbytes");
+  s_append = PyUnicode_InternFromString("append");
+  s_is_ready = PyUnicode_InternFromString("is_ready");
+  s_is_deleted = PyUnicode_InternFromString("is_deleted");
+  s_allocated = PyUnicode_InternFromString("allocated");
+  s_peak = PyUnicode_InternFromString("peak");
+  s_cache_hits = PyUnicode_InternFromString("cache_hits");
+  s_executions = PyUnicode_InternFromString("executions");
+  s_native_hits = PyUnicode_InternFromString("native_hits");
+  empty_tuple = PyTuple_New(0);
+  return PyModule_Create(&module);
+}

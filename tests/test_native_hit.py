@@ -1,0 +1,188 @@
+"""A strict op's cache hit served in one C++ call (csrc/hit.cpp, eager/executor.fast_path):
+results, in-place writes, strides, counters, storage lifetimes and the cases it must hand to
+the Python path (a pending input, the profiler, a matmul precision change), against CPU."""
+import threading
+
+import jax
+import pytest
+import torch
+
+import torchtpu
+from conftest import assert_same, to_tpu
+from torchtpu.eager import executor
+from torchtpu.runtime import storage
+
+pytestmark = pytest.mark.skipif(executor._fast is None, reason="the C++ extensions were not built")
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.complex64, torch.int64, torch.bool]
+
+
+def _native_hits() -> int:
+    return torchtpu.metrics().get("native_hits", 0)
+
+
+def _inputs(dtype):
+    g = torch.Generator().manual_seed(1)
+    if dtype == torch.bool:
+        return torch.rand(5, 4, generator=g) > 0.5, torch.rand(5, 4, generator=g) > 0.5
+    if dtype == torch.int64:
+        return torch.randint(-9, 9, (5, 4), generator=g), torch.randint(1, 9, (5, 4), generator=g)
+    return torch.randn(5, 4, generator=g).to(dtype), torch.randn(5, 4, generator=g).to(dtype)
+
+
+_FUNCTIONAL = [
+    ("add", lambda x, y: x + y),
+    ("mul scalar", lambda x, y: x * 3),
+    ("transposed (strided result)", lambda x, y: x.t() + y.t()),
+    ("offset views", lambda x, y: x[1:3] + y[2:4]),
+    ("where", lambda x, y: torch.where(x == y, x, y)),
+    ("stack (a list in)", lambda x, y: torch.stack([x, y, x])),
+    ("unbind (a tuple out)", lambda x, y: torch.unbind(x.t() + y.t())),
+    ("split (a list out)", lambda x, y: (x + y).split([2, 3])),
+]
+
+
+@torchtpu.eager_mode("strict")
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+@pytest.mark.parametrize("name,fn", _FUNCTIONAL, ids=[n for n, _ in _FUNCTIONAL])
+def test_functional_hits_match_cpu(name, fn, dtype):
+    x, y = _inputs(dtype)
+    if dtype == torch.bool and name == "mul scalar":
+        pytest.skip("CPU: a bool tensor times an int is an int64 result; covered by add")
+    want = fn(x, y)
+    tx, ty = to_tpu((x, y))
+    before = _native_hits()
+    for _ in range(3):  # the first call compiles; the next two are hits
+        assert_same(fn(tx, ty), want, rtol=0, atol=0, check_stride=True)
+    assert _native_hits() > before
+
+
+@torchtpu.eager_mode("strict")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.int64], ids=str)
+def test_in_place_hits_write_the_tensor_and_return_it(dtype):
+    x, y = _inputs(dtype)
+    tx, ty = to_tpu((x, y))
+    before = _native_hits()
+    for _ in range(3):
+        got = tx.add_(ty)
+        x.add_(y)
+        assert got is tx
+        # (into a view: the Python path, which may bucket its extent; then a hit on the base)
+        row = tx[2].mul_(2)
+        x[2].mul_(2)
+        assert row._base is tx
+        assert_same(tx, x, rtol=0, atol=0)
+    assert _native_hits() == before + 2  # the second and third add_
+
+
+@torchtpu.eager_mode("strict")
+def test_results_of_hits_free_their_storage():
+    x = torch.randn(64, 64, device="tpu")
+    y = torch.randn(64, 64, device="tpu")
+    (x + y).sum()
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    live = storage.live_buffers()
+    kept = [x + y for _ in range(10)]
+    assert torch.tpu.memory_allocated() == base + 10 * 64 * 64 * 4
+    assert storage.live_buffers() == live + 10
+    del kept
+    assert torch.tpu.memory_allocated() == base
+    assert storage.live_buffers() == live
+    assert torch.tpu.max_memory_allocated() >= base + 10 * 64 * 64 * 4
+    torch.tpu.synchronize()  # the dropped results' buffers were parked, and are waited for
+
+
+@torchtpu.eager_mode("strict")
+def test_hits_from_two_threads_count_their_bytes():
+    x = torch.randn(32, 32, device="tpu")
+    (x * 2).sum()
+    base = torch.tpu.memory_allocated()
+    out = {}
+
+    def work(k):
+        acc = torch.zeros(32, 32, device="tpu")
+        for _ in range(200):
+            acc = acc + x * 2
+        out[k] = acc
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = (x.cpu() * 2) * 200
+    for k in range(2):
+        assert_same(out[k], want, rtol=1e-5, atol=1e-4)
+    assert torch.tpu.memory_allocated() == base + 2 * 32 * 32 * 4
+    out.clear()
+    assert torch.tpu.memory_allocated() == base
+
+
+def test_defer_and_fuse_records_a_planned_signature():
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    tx, ty = to_tpu((x, y))
+    with torchtpu.eager_mode("strict"):
+        for _ in range(2):
+            tx + ty  # the signature's plan is made
+    with torchtpu.eager_mode("defer_and_fuse"):
+        before = _native_hits()
+        p = tx + ty  # recorded (found by its quick key), not run
+        q = p * 2
+        assert _native_hits() == before
+        assert_same(q, (x + y) * 2, rtol=0, atol=0)
+
+
+@torchtpu.eager_mode("strict")
+def test_under_the_profiler_hits_are_timed_by_the_python_path():
+    x = torch.randn(8, 8, device="tpu")
+    for _ in range(2):
+        x - x
+    before = _native_hits()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            x - x
+    assert _native_hits() == before
+    assert any("sub" in e.name for e in prof.events())
+    x - x
+    assert _native_hits() == before + 1
+
+
+@torchtpu.eager_mode("strict")
+def test_a_matmul_precision_change_reaches_jax_before_a_hit():
+    a = torch.randn(8, 8, device="tpu")
+    old = torch.get_float32_matmul_precision()
+    try:
+        for _ in range(2):
+            a @ a
+        torch.set_float32_matmul_precision("medium")
+        a @ a
+        assert jax.config.jax_default_matmul_precision == "default"  # (one bf16 pass)
+        torch.set_float32_matmul_precision("highest")
+        a @ a
+        assert jax.config.jax_default_matmul_precision == "highest"
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@torchtpu.eager_mode("strict")
+def test_metrics_count_a_hit_as_the_python_path_does():
+    x = torch.randn(3, 3, device="tpu")
+    x.abs()
+    m = torchtpu.metrics()
+    x.abs()
+    n = torchtpu.metrics()
+    assert n["cache_hits"] == m["cache_hits"] + 1
+    assert n["executions"] == m["executions"] + 1
+    assert n["compiles"] == m["compiles"]
+    assert n["native_hits"] == m.get("native_hits", 0) + 1
+
+
+def test_random_and_own_path_ops_take_the_python_path():
+    from torchtpu.ops.registry import LOWERINGS
+    assert executor.fast_path(LOWERINGS["add.Tensor"]) is not None
+    for name in ("cat", "arange", "index_select", "embedding"):
+        low = LOWERINGS.get(name) or next(v for k, v in LOWERINGS.items() if k.startswith(name + "."))
+        assert executor.fast_path(low) is None, name
+    random = next(v for v in LOWERINGS.values() if v.random)
+    assert executor.fast_path(random) is None
