@@ -69,6 +69,7 @@ PyObject* s_peak;
 PyObject* s_cache_hits;
 PyObject* s_executions;
 PyObject* s_native_hits;
+PyObject* s_native;
 PyObject* empty_tuple;
 
 // dict[key] += n (a missing key counts as 0); -1 with an error set on failure
@@ -569,6 +570,9 @@ struct Gate {
   PyObject* no_scalars = nullptr;    // what pack_cached gives for no values
   PyObject* resume = nullptr;        // executor.resume(low, args, kwargs, key, compiled, entries, offsets, dyn, tensors)
   int precision = -1;                // float32 matmul precision at the last sync
+  PyObject* precision_name = nullptr;  // torch.get_float32_matmul_precision() then
+  PyObject* get_precision = nullptr;   // torch.get_float32_matmul_precision
+  PyObject* pack_offsets = nullptr;    // offsets -> what a compiled graph's program takes
 } gate;
 
 PyObject* s_mode;
@@ -582,10 +586,14 @@ bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
 }
 
 PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 12) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: 12 arguments");
+  if (n != 14) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: 14 arguments");
     return nullptr;
   }
+  Py_INCREF(a[12]);
+  Py_XSETREF(gate.get_precision, a[12]);
+  Py_INCREF(a[13]);
+  Py_XSETREF(gate.pack_offsets, a[13]);
   PyObject** slots[] = {&gate.quick, &gate.mode_state, &gate.spread, &gate.carried_seen,
                         &gate.dynamic, &gate.checks, &gate.carried, &gate.profiler,
                         &gate.sync, &gate.pack, &gate.no_scalars, &gate.resume};
@@ -601,6 +609,21 @@ PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   }
   gate.precision = -1;
   Py_RETURN_NONE;
+}
+
+// torch's float32 matmul precision changed since the last call: JAX follows it (precision.sync)
+// and its name (part of a compiled graph's key) is read again; -1 with an error set
+int sync_precision() {
+  const int precision = static_cast<int>(at::globalContext().float32MatmulPrecision());
+  if (precision == gate.precision) return 0;
+  PyObject* r = PyObject_CallNoArgs(gate.sync);
+  if (!r) return -1;
+  Py_DECREF(r);
+  PyObject* name = PyObject_CallNoArgs(gate.get_precision);
+  if (!name) return -1;
+  Py_XSETREF(gate.precision_name, name);
+  gate.precision = precision;
+  return 0;
 }
 
 // fast(state, args, kwargs) -> result | NotImplemented
@@ -633,13 +656,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
       if (c) return not_here();
     }
   }
-  const int precision = static_cast<int>(at::globalContext().float32MatmulPrecision());
-  if (precision != gate.precision) {  // torch's matmul precision changed: JAX follows it
-    PyObject* r = PyObject_CallNoArgs(gate.sync);
-    if (!r) return nullptr;
-    Py_DECREF(r);
-    gate.precision = precision;
-  }
+  if (sync_precision() < 0) return nullptr;
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::get_default_dtype_as_scalartype()));
   PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2),
                                 PyList_GET_ITEM(gate.checks, 0), dtype);
@@ -715,10 +732,229 @@ done:
   return out;
 }
 
+// ---- a compiled graph's call -----------------------------------------------------------
+
+// compile/runtime._quick_scan's key item of one graph input, or NotImplemented (a CPU tensor, a
+// tensor without an entry, a NaN, another type: the Python path), the entry and offset noted
+PyObject* graph_item(PyObject* v, PyObject** entry, int64_t* off) {
+  *entry = nullptr;
+  *off = 0;
+  if (v == Py_None) {
+    Py_INCREF(v);
+    return v;
+  }
+  if (exact_number(v)) {
+    if (is_nan(v)) return bail();
+    return PyTuple_Pack(2, v, reinterpret_cast<PyObject*>(Py_TYPE(v)));
+  }
+  if (!THPVariable_Check(v)) return bail();
+  const at::Tensor& t = THPVariable_Unpack(v);
+  if (!t.defined() || t.device().type() != kType || !t.has_storage()) return bail();
+  PyObject* addr = PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl());
+  if (!addr) return nullptr;
+  PyObject* e = PyDict_GetItemWithError(st.table, addr);  // borrowed
+  Py_DECREF(addr);
+  if (!e) return PyErr_Occurred() ? nullptr : bail();
+  PyObject* numel = PyObject_GetAttr(e, s_numel);
+  PyObject* npdtype = numel ? PyObject_GetAttr(e, s_dtype) : nullptr;
+  PyObject* sizes = npdtype ? int_tuple(t.sizes()) : nullptr;
+  PyObject* strides = sizes ? int_tuple(t.strides()) : nullptr;
+  PyObject* item = nullptr;
+  if (strides) {
+    *off = t.storage_offset();
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    item = PyTuple_Pack(8, numel, npdtype, sizes, strides, *off ? Py_True : Py_False, dtype,
+                        t.is_neg() ? Py_True : Py_False, t.is_conj() ? Py_True : Py_False);
+  }
+  Py_XDECREF(numel);
+  Py_XDECREF(npdtype);
+  Py_XDECREF(sizes);
+  Py_XDECREF(strides);
+  if (item) *entry = e;
+  return item;
+}
+
+// graph_fast(quick, args) -> results | NotImplemented
+//   quick: the graph's programs by quick key (executables.by_quick_key), for a graph with no
+//   symbolic sizes, host part, collectives, random ops or mutated inputs (CompiledGraph.native).
+//   A call whose program was found by its key before and has a native plan (learned["native"]:
+//   per output (0, sizes, dtype, npdtype, numel, strides | None) fresh, (1, i) the i-th input,
+//   (2, j) the j-th output again, (3,) None) runs here, boxed: `args` is cleared. Else
+//   NotImplemented: CompiledGraph._call serves it.
+PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 2 || !PyDict_Check(a[0]) || !PyList_Check(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "graph_fast(quick, args)");
+    return nullptr;
+  }
+  if (!gate.quick || !configured()) {
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: configure_fast() was not called");
+    return nullptr;
+  }
+  PyObject* args = a[1];
+  if (cell(gate.spread)) return not_here();
+  if (sync_precision() < 0) return nullptr;
+  const Py_ssize_t na = PyList_GET_SIZE(args);
+  PyObject* key = PyTuple_New(na);
+  PyObject* bufs = key ? PyList_New(na) : nullptr;
+  PyObject* offsets = bufs ? PyList_New(0) : nullptr;
+  PyObject* out = nullptr;
+  PyObject* full = nullptr;
+  PyObject* learned = nullptr;
+  PyObject* plan = nullptr;
+  PyObject* r = nullptr;
+  PyObject* results = nullptr;
+  if (!offsets) goto done;
+  for (Py_ssize_t i = 0; i < na; ++i) {
+    PyObject* e;
+    int64_t off;
+    PyObject* k = graph_item(PyList_GET_ITEM(args, i), &e, &off);
+    if (!k) goto done;
+    if (k == Py_NotImplemented) {
+      out = k;
+      goto done;
+    }
+    PyTuple_SET_ITEM(key, i, k);
+    PyObject* b = Py_None;
+    if (e) {
+      b = PyObject_GetAttr(e, s_buf);
+      if (!b) goto done;
+      if (Py_TYPE(b) != st.array_type) {  // not computed yet: the Python path materializes it
+        Py_DECREF(b);
+        out = not_here();
+        goto done;
+      }
+      if (off) {
+        PyObject* o = PyLong_FromLongLong(off);
+        if (!o || PyList_Append(offsets, o) < 0) {
+          Py_XDECREF(o);
+          Py_DECREF(b);
+          goto done;
+        }
+        Py_DECREF(o);
+      }
+    } else {
+      Py_INCREF(b);
+    }
+    PyList_SET_ITEM(bufs, i, b);
+  }
+  {
+    PyObject* context = PyTuple_Pack(2, gate.precision_name, PyList_GET_ITEM(gate.checks, 0));
+    full = context ? PyTuple_Pack(3, key, empty_tuple, context) : nullptr;  // (key, donated, context)
+    Py_XDECREF(context);
+    if (!full) goto done;
+    PyObject* got = PyDict_GetItemWithError(a[0], full);  // borrowed: (fn, learned)
+    if (!got) {
+      if (!PyErr_Occurred()) out = not_here();
+      goto done;
+    }
+    learned = PyTuple_GET_ITEM(got, 1);
+    plan = PyDict_GetItemWithError(learned, s_native);  // borrowed
+    if (!plan || !PyTuple_Check(plan)) {
+      if (!PyErr_Occurred()) out = not_here();
+      goto done;
+    }
+    PyObject* packed_offsets;
+    if (PyList_GET_SIZE(offsets)) {
+      packed_offsets = PyObject_CallOneArg(gate.pack_offsets, offsets);
+      if (!packed_offsets) goto done;
+    } else {
+      packed_offsets = empty_tuple;
+      Py_INCREF(packed_offsets);
+    }
+    r = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(got, 0), empty_tuple, bufs, empty_tuple, empty_tuple,
+                                     packed_offsets, nullptr);
+    Py_DECREF(packed_offsets);
+    if (!r) {
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+      PyErr_Clear();  // the Python path runs it again and reports it as it does
+      out = not_here();
+      goto done;
+    }
+  }
+  {
+    // (outs, written, packed host values, check flags): a planned graph writes nothing
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 4 || PyTuple_GET_ITEM(r, 3) != Py_None ||
+        PyTuple_GET_ITEM(r, 2) != Py_None || PyObject_IsTrue(PyTuple_GET_ITEM(r, 1)) != 0) {
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: a planned graph's program wrote or checked");
+      goto done;
+    }
+    PyObject* outs = PySequence_Fast(PyTuple_GET_ITEM(r, 0), "graph_fast: outputs");
+    if (!outs) goto done;
+    const Py_ssize_t np_ = PyTuple_GET_SIZE(plan);
+    if (PySequence_Fast_GET_SIZE(outs) < np_) {
+      Py_DECREF(outs);
+      PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: fewer outputs than planned");
+      goto done;
+    }
+    if (count_hit() < 0 || tidy_parked() < 0) {
+      Py_DECREF(outs);
+      goto done;
+    }
+    results = PyList_New(np_);
+    if (!results) {
+      Py_DECREF(outs);
+      goto done;
+    }
+    for (Py_ssize_t i = 0; i < np_; ++i) {
+      PyObject* spec = PyTuple_GET_ITEM(plan, i);
+      const long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+      PyObject* obj = nullptr;
+      if (kind == 1 || kind == 2) {
+        const Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
+        obj = kind == 1 ? PyList_GET_ITEM(args, j) : PyList_GET_ITEM(results, j);
+        Py_XINCREF(obj);
+      } else if (kind == 3) {
+        obj = Py_None;
+        Py_INCREF(obj);
+      } else {
+        std::vector<int64_t> sizes, strides;
+        const bool laid = PyTuple_GET_ITEM(spec, 5) != Py_None;
+        if (!int_vector(PyTuple_GET_ITEM(spec, 1), sizes) || (laid && !int_vector(PyTuple_GET_ITEM(spec, 5), strides))) {
+          Py_DECREF(outs);
+          goto done;
+        }
+        const long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 4));
+        try {
+          at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(spec, 2))->scalar_type,
+                                    laid ? &strides : nullptr);
+          PyObject* entry = attach(t, numel, PyTuple_GET_ITEM(spec, 3), PySequence_Fast_GET_ITEM(outs, i));
+          if (entry) {
+            Py_DECREF(entry);
+            obj = THPVariable_Wrap(std::move(t));
+          }
+        } catch (const std::exception& e) {
+          PyErr_SetString(PyExc_RuntimeError, e.what());
+        }
+      }
+      if (!obj) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: a planned output is missing");
+        Py_DECREF(outs);
+        goto done;
+      }
+      PyList_SET_ITEM(results, i, obj);
+    }
+    Py_DECREF(outs);
+    if (PyList_SetSlice(args, 0, na, nullptr) < 0) goto done;  // boxed: the inputs are let go
+    out = results;
+    results = nullptr;
+  }
+done:
+  Py_XDECREF(results);
+  Py_XDECREF(r);
+  Py_XDECREF(full);
+  Py_XDECREF(offsets);
+  Py_XDECREF(bufs);
+  Py_XDECREF(key);
+  return out;
+}
+
 PyMethodDef methods[] = {
     {"configure_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_fast)), METH_FASTCALL,
      "configure_fast(quick, mode_state, spread, carried_seen, dynamic, checks, carried, profiler, sync, pack, "
-     "no_scalars, resume)"},
+     "no_scalars, resume, get_precision, pack_offsets)"},
+    {"graph_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(graph_fast)), METH_FASTCALL,
+     "graph_fast(quick, args) -> results | NotImplemented"},
     {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,
      "fast(state, args, kwargs) -> result | NotImplemented"},
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
@@ -759,6 +995,7 @@ PyMODINIT_FUNC PyInit__hit(void) {
   s_cache_hits = PyUnicode_InternFromString("cache_hits");
   s_executions = PyUnicode_InternFromString("executions");
   s_native_hits = PyUnicode_InternFromString("native_hits");
+  s_native = PyUnicode_InternFromString("native");
   empty_tuple = PyTuple_New(0);
   return PyModule_Create(&module);
 }

@@ -26,6 +26,7 @@ from ..runtime import checks as _pending_checks
 from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from ..eager import dynamism as _dynamism
+from ..eager import executor as _executor
 from ..eager import memory_format
 from ..eager.op_program import FAST_AFTER
 from ..eager.op_program import fast_options
@@ -155,6 +156,13 @@ class CompiledGraph:
                              for d in [_one_symbolic_dim(n.meta.get("val"))] if d is not None) \
             if self.symbolic else ()
         self.gm = gm if self.symbolic else None  # (what the deferred route runs)
+        # A graph whose calls csrc/hit.cpp can serve once a signature's program has run (fixed
+        # sizes, nothing written, no host part, collectives or random state): its programs
+        # by quick key, where graph_fast finds them; None: every call is _call's
+        prog = self.program
+        self.native = self._jits.by_quick_key if _executor.graph_fast is not None and not self.symbolic \
+            and prog.host is None and prog.collectives is None and not prog.n_random \
+            and not prog.mutated_inputs and prog.refusal is None else None
 
     def _make(self, sig, donate, out_strides=None):
         """The jitted program for one input signature, and what its trace learns
@@ -244,6 +252,10 @@ class CompiledGraph:
         return True
 
     def __call__(self, args):
+        if self.native is not None and type(args) is list:
+            got = _graph_fast(self.native, args)
+            if got is not NotImplemented:
+                return got
         refusal = self.program.refusal
         if refusal is not None:
             raise refusal[0](refusal[1])
@@ -356,6 +368,10 @@ class CompiledGraph:
         if compiling:
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
             learned["outs"] = self._out_plan(learned, outs)
+            if self.native is not None and flags is None and not written and packed is None:
+                native = _native_plan(learned["outs"])
+                if native is not None:
+                    learned["native"] = native
         bump("executions")
         if written:
             leaf.commit(entries, written)
@@ -426,6 +442,29 @@ class CompiledGraph:
 
 # how _run hands out each output (CompiledGraph._out_plan)
 _FRESH, _INPUT, _OUTPUT, _VIEW, _HOST_OUT, _TO_CPU, _NUMBER, _NONE = range(8)
+_graph_fast = _executor.graph_fast
+
+
+def _native_plan(outs) -> tuple | None:
+    """The output plan as csrc/hit.cpp's graph_fast reads it, or None where it has an output
+    kind only _run hands out (a view, a host or CPU output, a number, a carried dtype)."""
+    plan = []
+    for p in outs:
+        kind = p[0]
+        if kind == _FRESH:
+            jdt = tensors.PLAIN.get(p[2])
+            if jdt is None:
+                return None
+            plan.append((0, tuple(p[1]), p[2], jdt, math.prod(p[1]), None if p[3] is None else tuple(p[3])))
+        elif kind == _INPUT:
+            plan.append((1, p[1]))
+        elif kind == _OUTPUT:
+            plan.append((2, p[1]))
+        elif kind == _NONE:
+            plan.append((3,))
+        else:
+            return None
+    return tuple(plan)
 _ArrayImpl = type(jnp.zeros(()))
 
 

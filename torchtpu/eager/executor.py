@@ -10,10 +10,12 @@ asynchronous. In defer_and_fuse mode the same executable is recorded instead of 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch.autograd import profiler as _tprof
 
@@ -349,8 +351,14 @@ def _configure_fast():
     from ..runtime.jaxenv import CARRIED
     _hit.configure_fast(_quick, _MODE, _SPREAD, _CARRIED_SEEN, DYNAMIC, _checks.enabled_cell, CARRIED,
                         _tprof, lambda: precision.sync(_flush_for_precision), scalars.pack_cached,
-                        _NO_SCALARS, resume)
+                        _NO_SCALARS, resume, torch.get_float32_matmul_precision,
+                        functools.partial(np.asarray, dtype=np.int64))
     return _hit.fast
+
+
+# graph_fast(quick, args): a compiled graph's call in one C++ call (compile/runtime.py; the
+# gate above is configured here, where the eager kernels configure it)
+graph_fast = None if _chit is None else tensors.native_graph_fast
 
 
 _STRUCTURES = {"one": 0, "tuple": 1, "list": 2}

@@ -55,6 +55,7 @@ _new = storage.native.new_tensor if storage.native is not None else None
 hit = storage.native.hit if storage.native is not None else None
 PLAIN = _PLAIN
 _alias = storage.native.alias if storage.native is not None else None
+native_graph_fast = storage.native.graph_fast if storage.native is not None else None
 
 
 def alias(base: torch.Tensor, shape, stride, offset: int, dtype: torch.dtype | None = None) -> torch.Tensor:
