@@ -181,10 +181,18 @@ def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, te
     found by it, or None), as execute() goes on from there."""
     try:
         if compiled is not None:
-            hit = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
-            if hit is not _SLOW:
-                return hit
-        res = _full(low, args, kwargs, (key, None))
+            if compiled.updated is not None and _MODE["mode"] == "defer_and_fuse":
+                # recorded (what _launch does for a traced signature, without a Flat)
+                compiled.used = next(clock)
+                if offsets:
+                    dyn += offsets
+                res = _finish(low, compiled, args, kwargs, deferred.record(compiled, entries, dyn, low))
+            else:
+                res = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
+                if res is _SLOW:
+                    res = _full(low, args, kwargs, (key, None))
+        else:
+            res = _full(low, args, kwargs, (key, None))
     except Exception:
         if _CARRIED_SEEN[0] and carried.involved(args, kwargs):
             raise carried.FirstSeen(low.name) from None
