@@ -1,4 +1,5 @@
-// A strict op's cache hit, and a new tensor's storage entry, without Python frames.
+// The host's hot paths without Python frames: a strict op's cache hit, a compiled graph's call,
+// a new tensor's storage entry, a view.
 //
 // A tpu tensor is a torch.Tensor over a zero-byte storage whose data is a flat JAX array held
 // by a storage entry (runtime/storage.py: the table maps the StorageImpl's address to the
@@ -27,6 +28,8 @@
 //   entries' buffers and the packed runtime scalars; NotImplemented where the Python path
 //   must serve the call (a buffer not computed yet, or the call raised: that path runs it
 //   again and reports the error as it does)
+// configure_fast(...), fast(state, args, kwargs), graph_fast(quick, args)
+//   the whole call of an eager op (gate, quick key, hit) and of a compiled graph: see below
 #include "walk.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -196,8 +199,6 @@ int tidy_parked() {
 // storage._release for an entry of device 0 without a device address (other entries: the
 // Python function): drop it from the table, uncount its bytes, break the entry -> weakref
 // cycle, park its buffer for synchronize(). Called as the storage weakref's callback:
-// alias(base, shape, stride, offset, dtype) -> tensor
-//   a view of `base`'s storage on device 0 with that geometry (tensors.alias)
 // released(key, entry, ref) (bound by functools.partial). No JAX calls here (see inflight.py).
 PyObject* released(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (n != 3) {
@@ -667,6 +668,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* tensors = PyList_New(0);
   PyObject* key = nullptr;
   PyObject* out = nullptr;
+  PyObject* compiled = nullptr;
   if (entries && offsets && dyn && tensors) {
     Walk w{st.table, entries, offsets, dyn, tensors, {}};
     key = walk_key(w, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
@@ -678,8 +680,10 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     goto done;
   }
   {
-    PyObject* compiled = PyDict_GetItemWithError(gate.quick, key);  // borrowed
+    // held while Python runs below (a finalizer or a thread may empty the cache)
+    compiled = PyDict_GetItemWithError(gate.quick, key);
     if (!compiled && PyErr_Occurred()) goto done;
+    Py_XINCREF(compiled);
     if (compiled) {
       PyObject* mode = PyDict_GetItemWithError(gate.mode_state, s_mode);
       PyObject* prof = mode ? PyObject_GetAttr(gate.profiler, s_profiling) : nullptr;
@@ -724,6 +728,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     out = PyObject_Vectorcall(gate.resume, rargs, 9, nullptr);
   }
 done:
+  Py_XDECREF(compiled);
   Py_XDECREF(key);
   Py_XDECREF(entries);
   Py_XDECREF(offsets);
@@ -799,6 +804,7 @@ PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* offsets = bufs ? PyList_New(0) : nullptr;
   PyObject* out = nullptr;
   PyObject* full = nullptr;
+  PyObject* got = nullptr;
   PyObject* learned = nullptr;
   PyObject* plan = nullptr;
   PyObject* r = nullptr;
@@ -842,11 +848,12 @@ PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     full = context ? PyTuple_Pack(3, key, empty_tuple, context) : nullptr;  // (key, donated, context)
     Py_XDECREF(context);
     if (!full) goto done;
-    PyObject* got = PyDict_GetItemWithError(a[0], full);  // borrowed: (fn, learned)
+    got = PyDict_GetItemWithError(a[0], full);  // (fn, learned), held while Python runs
     if (!got) {
       if (!PyErr_Occurred()) out = not_here();
       goto done;
     }
+    Py_INCREF(got);
     learned = PyTuple_GET_ITEM(got, 1);
     plan = PyDict_GetItemWithError(learned, s_native);  // borrowed
     if (!plan || !PyTuple_Check(plan)) {
@@ -942,6 +949,7 @@ PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
 done:
   Py_XDECREF(results);
   Py_XDECREF(r);
+  Py_XDECREF(got);
   Py_XDECREF(full);
   Py_XDECREF(offsets);
   Py_XDECREF(bufs);
