@@ -465,6 +465,8 @@ def _native_plan(outs) -> tuple | None:
         else:
             return None
     return tuple(plan)
+
+
 _ArrayImpl = type(jnp.zeros(()))
 
 

@@ -392,9 +392,7 @@ def _plan_hit(compiled):
 def _plan_in_place(low, compiled):
     """_plan_hit for an in-place op (no donation: it writes no part of a big storage): the
     program's writes become its storages' buffers, the written argument is the result."""
-    i = low.returned_index
-    if i >= 0 and i >= len(low.args):
-        return False
+    i = low.returned_index  # (-1: returns nothing; past the call's positional arguments: by name)
     return (compiled.fn, (), 3, compiled.fn.codes, i, low.mutated[0] if i >= 0 else None)
 
 
