@@ -11,12 +11,12 @@
 // carried dtypes, in-place ops, check flags, the profiler, errors):
 //
 // configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type,
-//           lock, release)
+//           lock, release, max_parked, tidy_step)
 //   the Python state these functions act on: storage.table, device 0's allocation stats,
 //   metrics' counters, executables.clock, the storage weakref's callback (key, entry, ref:
 //   this module's released), functools.partial, inflight.parked_buffers and inflight.tidy,
-//   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock and
-//   storage._release (the callback's general case)
+//   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock,
+//   storage._release (the callback's general case) and inflight's two bounds
 // new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)
 //   a contiguous tpu tensor on device 0 over a new storage entry holding `buf`
 // alias(base, shape, stride, offset, dtype) -> tensor
@@ -67,6 +67,10 @@ PyObject* s_nbytes;
 PyObject* s_append;
 PyObject* s_is_ready;
 PyObject* s_is_deleted;
+PyObject* s_popleft;
+PyObject* s_appendleft;
+Py_ssize_t max_parked = 4096;  // inflight.MAX_PARKED (configure)
+int tidy_step = 8;             // inflight.TIDY_STEP (configure)
 PyObject* s_allocated;
 PyObject* s_peak;
 PyObject* s_cache_hits;
@@ -187,11 +191,55 @@ PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject
 }
 
 // let go of finished parked buffers, as storage.attach does before each new storage
+// inflight.ready for a JAX array: a deleted (donated) one counts as ready; 1, 0, or -1 on error
+int array_ready(PyObject* b) {
+  PyObject* d = PyObject_CallMethodNoArgs(b, s_is_deleted);
+  if (!d) return -1;
+  const int deleted = PyObject_IsTrue(d);
+  Py_DECREF(d);
+  if (deleted) return deleted;
+  PyObject* r = PyObject_CallMethodNoArgs(b, s_is_ready);
+  if (!r) {  // (inflight.ready: an array that cannot say is ready)
+    PyErr_Clear();
+    return 1;
+  }
+  const int ready = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return ready;
+}
+
+// inflight.tidy's common case: the oldest parked buffers (a few per call) let go while they are
+// JAX arrays that finished; anything else (another buffer type, a queue past its bound) is the
+// Python function's
 int tidy_parked() {
-  if (PyObject_Length(st.parked) > 0) {
+  Py_ssize_t n = PyObject_Length(st.parked);
+  if (n <= 0) return n < 0 ? -1 : 0;
+  if (n > max_parked) {
     PyObject* r = PyObject_CallNoArgs(st.tidy);
     if (!r) return -1;
     Py_DECREF(r);
+    return 0;
+  }
+  for (int i = 0; i < tidy_step && n > 0; ++i, --n) {
+    PyObject* b = PyObject_CallMethodNoArgs(st.parked, s_popleft);
+    if (!b) return -1;
+    int ready = Py_TYPE(b) == st.array_type ? array_ready(b) : -2;
+    if (ready == 1) {
+      Py_DECREF(b);
+      continue;
+    }
+    // not finished, or not ours to judge: back at the front, for later or for inflight.tidy
+    PyObject* r = PyObject_CallMethodOneArg(st.parked, s_appendleft, b);
+    Py_DECREF(b);
+    if (!r) return -1;
+    Py_DECREF(r);
+    if (ready == -1) return -1;
+    if (ready == -2) {
+      r = PyObject_CallNoArgs(st.tidy);
+      if (!r) return -1;
+      Py_DECREF(r);
+    }
+    break;
   }
   return 0;
 }
@@ -250,10 +298,13 @@ bool configured() {
 }
 
 PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 12 || !PyType_Check(a[9])) {
-    PyErr_SetString(PyExc_TypeError, "configure: 12 arguments, the tenth a type");
+  if (n != 14 || !PyType_Check(a[9])) {
+    PyErr_SetString(PyExc_TypeError, "configure: 14 arguments, the tenth a type");
     return nullptr;
   }
+  max_parked = PyLong_AsSsize_t(a[12]);
+  tidy_step = static_cast<int>(PyLong_AsLong(a[13]));
+  if (PyErr_Occurred()) return nullptr;
   PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.released,
                         &st.partial, &st.parked, &st.tidy, &st.entry_type};
   for (int i = 0; i < 9; ++i) {
@@ -351,23 +402,6 @@ PyObject* not_here() {
 int count_hit() {
   if (add_to(st.counts, s_cache_hits, 1) < 0 || add_to(st.counts, s_executions, 1) < 0) return -1;
   return add_to(st.counts, s_native_hits, 1);
-}
-
-// inflight.ready for a JAX array: a deleted (donated) one counts as ready; 1, 0, or -1 on error
-int array_ready(PyObject* b) {
-  PyObject* d = PyObject_CallMethodNoArgs(b, s_is_deleted);
-  if (!d) return -1;
-  const int deleted = PyObject_IsTrue(d);
-  Py_DECREF(d);
-  if (deleted) return deleted;
-  PyObject* r = PyObject_CallMethodNoArgs(b, s_is_ready);
-  if (!r) {  // (inflight.ready: an array that cannot say is ready)
-    PyErr_Clear();
-    return 1;
-  }
-  const int ready = PyObject_IsTrue(r);
-  Py_DECREF(r);
-  return ready;
 }
 
 // leaf.commit: each written storage (slot -> new array in `updated`) takes its new buffer; an
@@ -998,6 +1032,8 @@ PyMODINIT_FUNC PyInit__hit(void) {
   s_append = PyUnicode_InternFromString("append");
   s_is_ready = PyUnicode_InternFromString("is_ready");
   s_is_deleted = PyUnicode_InternFromString("is_deleted");
+  s_popleft = PyUnicode_InternFromString("popleft");
+  s_appendleft = PyUnicode_InternFromString("appendleft");
   s_allocated = PyUnicode_InternFromString("allocated");
   s_peak = PyUnicode_InternFromString("peak");
   s_cache_hits = PyUnicode_InternFromString("cache_hits");

@@ -255,3 +255,16 @@ def test_compiled_graph_training_step_with_native_forward():
         assert_same(loss, want, rtol=1e-5, atol=1e-6)
         for p, q in zip(model.parameters(), ref.parameters()):
             assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+@torchtpu.eager_mode("strict")
+def test_dropped_results_are_let_go_once_finished():
+    from torchtpu.runtime import inflight
+    x = torch.randn(8, 8, device="tpu")
+    (x + x).sum()
+    torch.tpu.synchronize()
+    for _ in range(300):
+        y = x + x
+        torchtpu.to_jax(y).block_until_ready()
+        del y  # parked when dropped (finished here); the next new storage lets it go
+    assert len(inflight.parked_buffers) <= 2

@@ -30,8 +30,9 @@ parked_buffers: collections.deque = collections.deque()
 # Past this many parked buffers the oldest is waited for: a bound on host memory,
 # like the bounded launch queue of a CUDA stream.
 MAX_PARKED = 4096
-# tidy() looks at no more than this many parked buffers per call (it runs per new storage)
-_TIDY_STEP = 8
+# tidy() looks at no more than this many parked buffers per call (it runs per new storage;
+# csrc/hit.cpp's tidy is handed both bounds)
+TIDY_STEP = 8
 
 
 def ready(buf) -> bool:
@@ -65,7 +66,7 @@ def replaced(buf) -> None:
 def tidy() -> None:
     """Let go of parked buffers that have finished (oldest first, a few per call); past
     MAX_PARKED, wait for the oldest. Called from ordinary code, never from a finalizer."""
-    for _ in range(_TIDY_STEP):
+    for _ in range(TIDY_STEP):
         try:
             buf = parked_buffers.popleft()
         except IndexError:
