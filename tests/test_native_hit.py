@@ -268,3 +268,20 @@ def test_dropped_results_are_let_go_once_finished():
         torchtpu.to_jax(y).block_until_ready()
         del y  # parked when dropped (finished here); the next new storage lets it go
     assert len(inflight.parked_buffers) <= 2
+
+
+@torchtpu.eager_mode("strict")
+@pytest.mark.parametrize("mask", [[True, True, True], [True, False, True], [False, True, False]], ids=str)
+def test_masked_outputs_on_a_hit_are_none_as_on_cpu(mask):
+    g = torch.Generator().manual_seed(3)
+    x, gy = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    w, b = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [6], w, b, 1e-5)
+    args = (gy, x, [6], mean, rstd, w, b, mask)
+    want = torch.ops.aten.native_layer_norm_backward(*args)
+    before = _native_hits()
+    for _ in range(3):
+        got = torch.ops.aten.native_layer_norm_backward(*to_tpu(args))
+        assert [r is None for r in got] == [r is None for r in want]
+        assert_same([r for r in got if r is not None], [r for r in want if r is not None], rtol=1e-5, atol=1e-6)
+    assert _native_hits() >= before + 2
