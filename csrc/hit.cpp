@@ -222,7 +222,11 @@ int tidy_parked() {
   }
   for (int i = 0; i < tidy_step && n > 0; ++i, --n) {
     PyObject* b = PyObject_CallMethodNoArgs(st.parked, s_popleft);
-    if (!b) return -1;
+    if (!b) {  // emptied meanwhile by another thread (a JAX call below may let go of the GIL)
+      if (!PyErr_ExceptionMatches(PyExc_IndexError)) return -1;
+      PyErr_Clear();
+      return 0;
+    }
     int ready = Py_TYPE(b) == st.array_type ? array_ready(b) : -2;
     if (ready == 1) {
       Py_DECREF(b);

@@ -1,6 +1,7 @@
 """A strict op's cache hit served in one C++ call (csrc/hit.cpp, eager/executor.fast_path):
 results, in-place writes, strides, counters, storage lifetimes and the cases it must hand to
 the Python path (a pending input, the profiler, a matmul precision change), against CPU."""
+import gc
 import threading
 
 import jax
@@ -81,6 +82,7 @@ def test_results_of_hits_free_their_storage():
     y = torch.randn(64, 64, device="tpu")
     (x + y).sum()
     torch.tpu.synchronize()
+    gc.collect()  # an earlier test's garbage freed now, not in the middle of the counting
     base = torch.tpu.memory_allocated()
     live = storage.live_buffers()
     kept = [x + y for _ in range(10)]
@@ -97,20 +99,25 @@ def test_results_of_hits_free_their_storage():
 def test_hits_from_two_threads_count_their_bytes():
     x = torch.randn(32, 32, device="tpu")
     (x * 2).sum()
+    gc.collect()  # an earlier test's garbage freed now, not in the middle of the counting
     base = torch.tpu.memory_allocated()
-    out = {}
+    out, errors = {}, []
 
     def work(k):
-        acc = torch.zeros(32, 32, device="tpu")
-        for _ in range(200):
-            acc = acc + x * 2
-        out[k] = acc
+        try:
+            acc = torch.zeros(32, 32, device="tpu")
+            for _ in range(200):
+                acc = acc + x * 2
+            out[k] = acc
+        except Exception as e:  # (a thread's error would otherwise only be printed)
+            errors.append(e)
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert errors == []
     want = (x.cpu() * 2) * 200
     for k in range(2):
         assert_same(out[k], want, rtol=1e-5, atol=1e-4)
