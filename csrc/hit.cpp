@@ -1004,7 +1004,8 @@ PyMethodDef methods[] = {
     {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,
      "fast(state, args, kwargs) -> result | NotImplemented"},
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
-     "configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type)"},
+     "configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type, lock, "
+     "release, max_parked, tidy_step)"},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(new_tensor)), METH_FASTCALL,
      "new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)"},
     {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(alias)), METH_FASTCALL,
@@ -1015,7 +1016,9 @@ PyMethodDef methods[] = {
      "hit(compiled, entries, packed) -> result | NotImplemented"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit", "A strict op's cache hit in one C++ pass (csrc/hit.cpp).",
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit",
+                      "The host's hot paths in C++: an op's cache hit, a compiled graph's call, new tensors, views "
+                      "(csrc/hit.cpp).",
                       -1, methods};
 
 }  // namespace
