@@ -4,7 +4,8 @@
 torchtpu/runtime/_device_guard (csrc/device_guard.cpp: the device guard, never entering Python, and
 tensors made on a given device index) and torchtpu/runtime/_scan (csrc/scan.cpp: the quick key of an
 op call, read off its arguments in one pass) and torchtpu/runtime/_hit (csrc/hit.cpp: a strict op's
-cache hit and a new tensor's storage entry, without Python frames).
+cache hit, a defer_and_fuse record (csrc/record.h), a compiled graph's call and a new tensor's
+storage entry, without Python frames).
 
 Everything else is declared in pyproject.toml. The extension links against the installed
 torch, so it is built with torch importable: `pip install --no-build-isolation -e .`
@@ -20,7 +21,7 @@ setup(
         CppExtension("torchtpu.runtime._device_guard", ["csrc/device_guard.cpp"], extra_compile_args=["-O1"]),
         # on every op call's path: optimized
         CppExtension("torchtpu.runtime._scan", ["csrc/scan.cpp"], depends=["csrc/walk.h"], extra_compile_args=["-O2"]),
-        CppExtension("torchtpu.runtime._hit", ["csrc/hit.cpp"], depends=["csrc/walk.h"], extra_compile_args=["-O2"]),
+        CppExtension("torchtpu.runtime._hit", ["csrc/hit.cpp"], depends=["csrc/walk.h", "csrc/record.h"], extra_compile_args=["-O2"]),
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
 )

@@ -29,7 +29,10 @@
 //   must serve the call (a buffer not computed yet, or the call raised: that path runs it
 //   again and reports the error as it does)
 // configure_fast(...), fast(state, args, kwargs), graph_fast(quick, args)
-//   the whole call of an eager op (gate, quick key, hit) and of a compiled graph: see below
+//   the whole call of an eager op (gate, quick key, hit or defer_and_fuse record) and of a
+//   compiled graph: see below
+// configure_record(...)
+//   what defer_and_fuse's record acts on (csrc/record.h)
 #include "walk.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -619,6 +622,8 @@ PyObject* s_strict;
 PyObject* s_device;
 PyObject* s_dtype_kw;
 PyObject* s_profiling;
+PyObject* s_deferring;
+PyObject* s_rec;
 
 bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
   return PyList_GET_SIZE(lst) > 0 && PyObject_IsTrue(PyList_GET_ITEM(lst, 0)) == 1;
@@ -665,9 +670,25 @@ int sync_precision() {
   return 0;
 }
 
+// what an in-place op returns: its written argument, positional `index`, else keyword `name`
+// (index -1: None); a new reference
+PyObject* written_argument(PyObject* args, PyObject* kwargs, PyObject* index, PyObject* name) {
+  const long i = PyLong_AsLong(index);
+  PyObject* out;
+  if (i < 0) out = PyErr_Occurred() ? nullptr : Py_None;
+  else if (i < PyTuple_GET_SIZE(args)) out = PyTuple_GET_ITEM(args, i);
+  else out = kwargs ? PyDict_GetItemWithError(kwargs, name) : nullptr;
+  if (out) Py_INCREF(out);
+  else if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: the written argument is missing");
+  return out;
+}
+
+#include "record.h"
+
 // fast(state, args, kwargs) -> result | NotImplemented
 //   state: (low, name, mode, scan_info) of one lowering. The call, served whole where it is a
-//   strict cache hit with a plan; else handed to executor.resume with its key and scan, so the
+//   strict cache hit with a plan, or recorded (record.h) where defer_and_fuse records a signature
+//   with a record plan; else handed to executor.resume with its key and scan, so the
 //   Python path does not walk it again; NotImplemented where the executor's full path must see
 //   it first (what eager/executor.execute does before its quick key: carried dtypes, several
 //   devices, dynamic dims, a device= or carried dtype= keyword, an argument the walk does not
@@ -730,6 +751,28 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
       const int profiling = PyObject_IsTrue(prof);
       Py_DECREF(prof);
       PyObject* plan = strict && profiling == 0 ? PyObject_GetAttr(compiled, s_hit) : nullptr;
+      if (!strict && rec.globals && PyUnicode_Check(mode) && PyUnicode_Compare(mode, s_deferring) == 0) {
+        // defer_and_fuse: recorded here where its signature has a record plan
+        plan = PyObject_GetAttr(compiled, s_rec);
+        if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 5) {
+          PyObject* vals = PyList_GET_SIZE(offsets) ? PySequence_Concat(dyn, offsets) : dyn;  // offsets ride last
+          if (vals == dyn) Py_INCREF(vals);
+          out = vals ? record_planned(compiled, plan, entries, vals, PyTuple_GET_ITEM(state, 1)) : nullptr;
+          Py_XDECREF(vals);
+          if (out && out != Py_NotImplemented && PyLong_AsLong(PyTuple_GET_ITEM(plan, 1)) == 3) {
+            Py_DECREF(out);
+            out = written_argument(args, kwargs, PyTuple_GET_ITEM(plan, 3), PyTuple_GET_ITEM(plan, 4));
+          }
+          Py_DECREF(plan);
+          if (!out) goto done;
+          if (out != Py_NotImplemented) goto done;
+          Py_CLEAR(out);
+        } else {
+          Py_XDECREF(plan);
+          if (PyErr_Occurred()) goto done;
+        }
+        plan = nullptr;
+      }
       if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 6) {
         PyObject* packed;
         if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets)) {
@@ -745,12 +788,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         if (out && out != Py_NotImplemented && PyLong_AsLong(PyTuple_GET_ITEM(plan, 2)) == 3) {
           // in place: the op returns its written argument
           Py_DECREF(out);
-          const long i = PyLong_AsLong(PyTuple_GET_ITEM(plan, 4));
-          if (i < 0) out = Py_None;
-          else if (i < PyTuple_GET_SIZE(args)) out = PyTuple_GET_ITEM(args, i);
-          else out = kwargs ? PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(plan, 5)) : nullptr;
-          if (out) Py_INCREF(out);
-          else if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: the written argument is missing");
+          out = written_argument(args, kwargs, PyTuple_GET_ITEM(plan, 4), PyTuple_GET_ITEM(plan, 5));
         }
         Py_DECREF(plan);
         if (!out) goto done;
@@ -1012,6 +1050,8 @@ PyMethodDef methods[] = {
      "alias(base, shape, stride, offset, dtype) -> a view of base's storage"},
     {"released", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(released)), METH_FASTCALL,
      "released(key, entry, ref): a storage's entry let go (storage._release's common case)"},
+    {"configure_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_record)), METH_FASTCALL,
+     "configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)"},
     {"hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(hit)), METH_FASTCALL,
      "hit(compiled, entries, packed) -> result | NotImplemented"},
     {nullptr, nullptr, 0, nullptr}};
@@ -1030,6 +1070,9 @@ PyMODINIT_FUNC PyInit__hit(void) {
   s_device = PyUnicode_InternFromString("device");
   s_dtype_kw = PyUnicode_InternFromString("dtype");
   s_profiling = PyUnicode_InternFromString("_is_profiler_enabled");
+  s_deferring = PyUnicode_InternFromString("defer_and_fuse");
+  s_rec = PyUnicode_InternFromString("rec");
+  record_init();
   walk_init();
   s_used = PyUnicode_InternFromString("used");
   s_watch = PyUnicode_InternFromString("watch");

@@ -197,6 +197,21 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
         return result
 
 
+def _configure_native() -> None:
+    """csrc/record.h records a planned op (executor._plan_record) as record() does, in C++,
+    over this module's state: the region (`_graph`, replaced by each flush, and MAX_OPS are
+    read from the module's dict per call), the lock, the node and buffer types, the signature
+    sets and origin's code cache."""
+    if tensors.native is None:
+        return
+    from . import origin
+    tensors.native.configure_record(globals(), _lock, _Node, Pending, _fused_sigs, _replayed,
+                                    origin.internal_code, origin.is_internal)
+
+
+_configure_native()
+
+
 # How a region with collectives is agreed on across ranks and launched: the process group
 # (distributed/, a layer above) installs it with its first group, so eager never imports it.
 _collective_runner: CollectiveRegionRunner | None = None

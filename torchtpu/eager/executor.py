@@ -187,6 +187,8 @@ def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, te
                 if offsets:
                     dyn += offsets
                 res = _finish(low, compiled, args, kwargs, deferred.record(compiled, entries, dyn, low))
+                if compiled.rec is None and _chit is not None:
+                    compiled.rec = _plan_record(low, compiled)
             else:
                 res = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
                 if res is _SLOW:
@@ -387,6 +389,22 @@ def _plan_hit(compiled):
             return False
         plan.append((tuple(shape), dtype, jdt, math.prod(shape), None if strides is None else tuple(strides)))
     return (compiled.fn, tuple(plan), _STRUCTURES[compiled.structure], compiled.fn.codes, -1, None)
+
+
+def _plan_record(low, compiled):
+    """What csrc/record.h needs to record the op's later calls in defer_and_fuse: (outs as
+    _plan_hit's, structure, updated as ((slot, ("u", slot)), ...), returned, name), or False:
+    deferred.record records them (a random op, an assertion, an output of a carried dtype)."""
+    if low.random:
+        return False
+    if low.mode == "inplace":
+        i = low.returned_index
+        name = low.mutated[0] if low.mutated and i >= 0 else None
+        return ((), 3, tuple((s, ("u", s)) for s in compiled.updated), i, name)
+    if compiled.outs is None or compiled.structure == "none":
+        return False
+    hit = _plan_hit(compiled)
+    return False if hit is False else (hit[1], hit[2], (), -1, None)
 
 
 def _plan_in_place(low, compiled):

@@ -14,28 +14,28 @@ _SKIP_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (sys.modules["torch"], sys.modules["torchtpu"])
 )
-_internal_code: dict = _caches.register("issuing code", {})  # code object -> torch's or torchtpu's (not the user's)?
+internal_code: dict = _caches.register("issuing code", {})  # code object -> torch's or torchtpu's (not the user's)?
 
 
 def user_frame():
     """The user's (file, line, function) that issued the current op, if any."""
     f = sys._getframe(1)
-    internal = _internal_code
+    internal = internal_code
     while f is not None:
         code = f.f_code
         try:
             skip = internal.get(code)
         except TypeError:  # a code object hashes its constants: Dynamo's resume functions hold slices
-            skip = _is_internal(code)
+            skip = is_internal(code)
         if skip is None:
-            skip = internal[code] = _is_internal(code)
+            skip = internal[code] = is_internal(code)
         if not skip:
             return (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return None
 
 
-def _is_internal(code) -> bool:
+def is_internal(code) -> bool:
     fn = code.co_filename
     return fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")
 

@@ -50,6 +50,7 @@ def empty_with_entry(shape, dtype: torch.dtype, buf=None, strides=None):
     return t, entry
 
 
+native = storage.native  # csrc/hit.cpp's module, or None where it was not built
 _new = storage.native.new_tensor if storage.native is not None else None
 # hit(compiled, entries, packed) -> result | NotImplemented: a strict op's planned cache hit
 hit = storage.native.hit if storage.native is not None else None
