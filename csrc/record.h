@@ -156,10 +156,10 @@ PyObject* user_origin() {
   Py_RETURN_NONE;
 }
 
-// a new Pending(node, key, graph), or nullptr
-PyObject* new_pending(PyObject* node, PyObject* key, PyObject* graph) {
-  PyObject* args[] = {node, key, graph};
-  return PyObject_Vectorcall(rec.pending_type, args, 3, nullptr);
+// a new Pending(node, key), or nullptr
+PyObject* new_pending(PyObject* node, PyObject* key) {
+  PyObject* args[] = {node, key};
+  return PyObject_Vectorcall(rec.pending_type, args, 2, nullptr);
 }
 
 // written.append((weakref.ref(entry), p)); -1 on error
@@ -358,7 +358,7 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
       }
       PyObject* r = PyTuple_GET_ITEM(refs, s);
       if (r != Py_None && PyTuple_GET_ITEM(r, 0) == s_one) rc = PySet_Add(overwritten, PyTuple_GET_ITEM(r, 1));
-      PyObject* p = rc == 0 ? new_pending(j, PyTuple_GET_ITEM(slot_key, 1), g) : nullptr;
+      PyObject* p = rc == 0 ? new_pending(j, PyTuple_GET_ITEM(slot_key, 1)) : nullptr;
       PyObject* e = PyList_GET_ITEM(entries, s);
       if (!p || PyObject_SetAttr(e, s_buf, p) < 0 || note_written(written, e, p) < 0) rc = -1;
       Py_XDECREF(p);
@@ -384,7 +384,7 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
         continue;
       }
       PyObject* kk = PyLong_FromLong(k++);
-      PyObject* p = kk ? new_pending(j, kk, g) : nullptr;
+      PyObject* p = kk ? new_pending(j, kk) : nullptr;
       Py_XDECREF(kk);
       PyObject* obj = nullptr;
       if (p) {

@@ -170,7 +170,7 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
                 r = refs[s]
                 if r is not None and r[0] == 1:
                     g.overwritten.add(r[1])
-                p = Pending(j, ("u", s), g)
+                p = Pending(j, ("u", s))
                 e.buf = p
                 written.append((weakref.ref(e), p))
             result = None
@@ -183,7 +183,7 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
                 if meta is None:  # an output not asked for
                     result.append(None)
                     continue
-                p = Pending(j, k, g)
+                p = Pending(j, k)
                 t, e = tensors.empty_with_entry(meta[0], meta[1], p, *meta[2:])  # [2]: strides (None: contiguous)
                 written.append((weakref.ref(e), p))
                 result.append(t)

@@ -15,14 +15,17 @@ from typing import Callable
 
 
 class Pending:
-    """A buffer that a recorded op will produce: (node index, output key) in `graph`."""
+    """A buffer that a recorded op will produce: (node index, output key) in the region being
+    recorded (every Pending an entry holds is the current region's: a flush gives each live
+    one its array or a Failed). It holds no reference to the region: the region lists its
+    Pendings, and a back reference made each recorded region a reference cycle that only
+    Python's cyclic GC freed, pushing it into full collections of the whole heap."""
 
-    __slots__ = ("node", "key", "graph")
+    __slots__ = ("node", "key")
 
-    def __init__(self, node: int, key, graph):
+    def __init__(self, node: int, key):
         self.node = node
         self.key = key
-        self.graph = graph
 
 
 class Failed:
