@@ -34,7 +34,6 @@ PyObject* s_nodes;
 PyObject* s_inputs;
 PyObject* s_input_index;
 PyObject* s_scalars;
-PyObject* s_fingerprint;
 PyObject* s_fresh;
 PyObject* s_churn;
 PyObject* s_written;
@@ -53,7 +52,6 @@ void record_init() {
   s_inputs = PyUnicode_InternFromString("inputs");
   s_input_index = PyUnicode_InternFromString("input_index");
   s_scalars = PyUnicode_InternFromString("scalars");
-  s_fingerprint = PyUnicode_InternFromString("fingerprint");
   s_fresh = PyUnicode_InternFromString("fresh");
   s_churn = PyUnicode_InternFromString("churn");
   s_written = PyUnicode_InternFromString("written");
@@ -110,6 +108,24 @@ struct RecLocked {
   }
 };
 
+// What a region holds per op lives until the region runs, long enough for Python's cyclic GC
+// to move it into its oldest generation, and enough objects moved there bring on a full
+// collection of the whole heap (200+ ms with torch and jax loaded: a training loop in
+// defer_and_fuse had one every few hundred steps). The objects below can never be part of a
+// reference cycle, so they are taken off the GC's lists (PyObject_GC_UnTrack, as CPython does
+// for tuples of atomic values); reference counting frees them when the region is done:
+// - a Pending holds its node index (an int) and output key (an int or ("u", slot));
+// - a weakref without a callback holds no strong reference, and the pair (weakref, Pending)
+//   only those two;
+// - the refs and origin tuples hold ints, strings and such tuples (CPython untracks those
+//   itself, but only when a collection first looks at them);
+// - a node holds those, its op's name, program and executable: nothing that leads back to a
+//   node (the op cache holds executables, a fused region's program holds its nodes, never the
+//   reverse; test_native_record checks a run region is freed by reference counting).
+void untrack(PyObject* o) {
+  if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
+}
+
 // origin.user_frame: (file, line, function) of the first frame on the stack that is not torch's
 // or torchtpu's, or None; a new reference, nullptr with an error set
 PyObject* user_origin() {
@@ -143,6 +159,7 @@ PyObject* user_origin() {
     if (!internal) {
       PyObject* line = PyLong_FromLong(PyFrame_GetLineNumber(f));
       PyObject* out = line ? PyTuple_Pack(3, code->co_filename, line, code->co_name) : nullptr;
+      if (out) untrack(out);
       Py_XDECREF(line);
       Py_DECREF(code);
       Py_DECREF(f);
@@ -156,10 +173,13 @@ PyObject* user_origin() {
   Py_RETURN_NONE;
 }
 
+
 // a new Pending(node, key), or nullptr
 PyObject* new_pending(PyObject* node, PyObject* key) {
   PyObject* args[] = {node, key};
-  return PyObject_Vectorcall(rec.pending_type, args, 2, nullptr);
+  PyObject* p = PyObject_Vectorcall(rec.pending_type, args, 2, nullptr);
+  if (p) untrack(p);
+  return p;
 }
 
 // written.append((weakref.ref(entry), p)); -1 on error
@@ -169,6 +189,8 @@ int note_written(PyObject* written, PyObject* entry, PyObject* p) {
   PyObject* pair = PyTuple_Pack(2, wr, p);
   Py_DECREF(wr);
   if (!pair) return -1;
+  untrack(wr);
+  untrack(pair);
   const int rc = PyList_Append(written, pair);
   Py_DECREF(pair);
   return rc;
@@ -237,6 +259,7 @@ PyObject* record_refs(PyObject* g, PyObject* entries) {
       PyObject* node = PyObject_GetAttr(b, s_node);
       PyObject* key = node ? PyObject_GetAttr(b, s_key) : nullptr;
       r = key ? PyTuple_Pack(3, s_zero, node, key) : nullptr;
+      if (r) untrack(r);
       Py_XDECREF(node);
       Py_XDECREF(key);
     } else {
@@ -249,6 +272,7 @@ PyObject* record_refs(PyObject* g, PyObject* entries) {
         if (j && (PyDict_SetItem(index, id, j) < 0 || PyList_Append(inputs, b) < 0)) Py_CLEAR(j);
       }
       r = j ? PyTuple_Pack(2, s_one, j) : nullptr;
+      if (r) untrack(r);
       Py_XDECREF(j);
       Py_XDECREF(id);
     }
@@ -258,6 +282,7 @@ PyObject* record_refs(PyObject* g, PyObject* entries) {
   }
   Py_DECREF(inputs);
   Py_DECREF(index);
+  untrack(refs);
   return refs;
 fail:
   Py_DECREF(refs);
@@ -324,6 +349,7 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
     Py_XDECREF(program);
     Py_XDECREF(ns);
     if (!node) goto done;
+    untrack(node);
     const int rc = PyList_Append(nodes, node);
     Py_DECREF(node);
     if (rc < 0) goto done;
@@ -334,14 +360,6 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
     const int rc = at < 0 ? -1 : PyList_SetSlice(scalars, at, at, dyn);
     if (at < 0 && scalars) PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: a region's scalars are not a list");
     Py_XDECREF(scalars);
-    if (rc < 0) goto done;
-  }
-  {
-    PyObject* fingerprint = PyObject_GetAttr(g, s_fingerprint);
-    PyObject* item = fingerprint ? PyTuple_Pack(2, compiled, refs) : nullptr;
-    const int rc = item ? PyList_Append(fingerprint, item) : -1;
-    Py_XDECREF(item);
-    Py_XDECREF(fingerprint);
     if (rc < 0) goto done;
   }
   if (structure == 3) {  // in place: the written storages' buffers are this node's writes

@@ -59,7 +59,7 @@ class _Node:
 
 
 class _Graph:
-    __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "fingerprint", "written",
+    __slots__ = ("nodes", "inputs", "input_index", "scalars", "rngs", "written",
                  "fresh", "fresh_per_key", "churn", "collectives", "overwritten", "device")
 
     def __init__(self):
@@ -68,7 +68,6 @@ class _Graph:
         self.input_index: dict[int, int] = {}
         self.scalars: list = []
         self.rngs: list = []
-        self.fingerprint: list = []
         self.written: list = []
         self.fresh: set = set()  # op signatures never run in a fused region nor replayed
         self.fresh_per_key: dict = {}  # shape-free key -> fresh signatures of it in this region
@@ -153,7 +152,6 @@ def record(compiled: Recordable, entries, dyn, low: RecordedOp, generator=None, 
         g.nodes.append(_Node(compiled.program, refs, len(dyn), rngdata, _origin(), low.name, compiled, collective))
         if dyn:
             g.scalars.extend(dyn)
-        g.fingerprint.append((compiled, refs))  # compiled objects live in the op cache: hash by identity
         if compiled not in _fused_sigs and compiled not in _replayed and compiled not in g.fresh:
             g.fresh.add(compiled)
             skey = compiled.shape_free_key()
@@ -480,7 +478,8 @@ def _flush(reason: str) -> None:
         g.inputs = None
         g.input_index = None
         donate = _donatable(inputs) if not g.churn else ()
-        fkey = RegionKey(tuple(g.fingerprint), out_refs, codes, donate)
+        # (compiled objects live in the op cache: they hash by identity)
+        fkey = RegionKey(tuple([(n.compiled, n.refs) for n in g.nodes]), out_refs, codes, donate)
         fn = executables.regions.get(fkey)
         # a region with collectives is never replayed on one rank's own judgement (its fresh
         # signatures can differ from a peer's): every rank fuses it, or all replay it together
@@ -581,7 +580,7 @@ def _reshaped(g, out_refs) -> bool:
     names = tuple(n.name.partition("[dynamic ")[0] for n in g.nodes)  # the padded lowerings' serials
     if len(names) == sum(1 for n in g.nodes if "[dynamic " not in n.name and n.name != "torchtpu::grow_append"):
         return False
-    key = (names, tuple(refs for _, refs in g.fingerprint), out_refs)
+    key = (names, tuple(n.refs for n in g.nodes), out_refs)
     if key in _structures:
         metrics.bump("fast_region_compiles")
         return True
