@@ -41,6 +41,10 @@
 #include <ATen/Context.h>
 #include <c10/core/DefaultDtype.h>
 
+#include <structmember.h>
+
+#include <initializer_list>
+
 namespace {
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;

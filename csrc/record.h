@@ -9,11 +9,14 @@
 //
 // configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)
 //   deferred's module dict (its _graph, the region being recorded, is replaced by each flush;
-//   MAX_OPS may be set by tests), its _lock, _Node, runtime.pending.Pending, the LRU sets of
-//   signatures that ran fused or replayed, and origin's code-object cache and its test
+//   MAX_OPS may be set by tests), its _lock, _Node, runtime.pending.Pending, the members (a
+//   dict) of the LRU sets of signatures that ran fused or replayed, and origin's code-object
+//   cache and its test
 //   (user_frame's walk over the stack, done here without materializing a Python call)
 #pragma once
 
+// (included inside hit.cpp's anonymous namespace: <structmember.h> and <initializer_list>
+// are included at hit.cpp's top)
 namespace {
 
 struct Rec {
@@ -27,6 +30,62 @@ struct Rec {
   PyObject* internal = nullptr;
   PyObject* is_internal = nullptr;
 } rec;
+
+// A node or a Pending made without running its class's __init__ (which only stores its
+// arguments): the instance allocated and its slots written at their offsets, as the slots'
+// member descriptors would. The slots are checked against these names at configure time, so
+// a class that changes its slots fails at import, not with a half-made object.
+struct SlotMaker {
+  PyTypeObject* type = nullptr;
+  std::vector<Py_ssize_t> offsets;
+};
+SlotMaker node_maker;
+SlotMaker pending_maker;
+
+bool slot_maker(PyObject* type, std::initializer_list<const char*> names, SlotMaker& out) {
+  if (!PyType_Check(type)) {
+    PyErr_SetString(PyExc_TypeError, "configure_record: a node or buffer type expected");
+    return false;
+  }
+  PyObject* slots = PyObject_GetAttrString(type, "__slots__");
+  if (!slots) return false;
+  bool same = PyTuple_Check(slots) && PyTuple_GET_SIZE(slots) == static_cast<Py_ssize_t>(names.size());
+  std::vector<Py_ssize_t> offsets;
+  Py_ssize_t i = 0;
+  for (const char* name : names) {
+    if (!same) break;
+    PyObject* slot = PyTuple_GET_ITEM(slots, i++);
+    same = PyUnicode_Check(slot) && PyUnicode_CompareWithASCIIString(slot, name) == 0;
+    PyObject* d = same ? PyDict_GetItemString(reinterpret_cast<PyTypeObject*>(type)->tp_dict, name) : nullptr;
+    same = d && Py_TYPE(d) == &PyMemberDescr_Type &&
+           reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type == T_OBJECT_EX;
+    if (same) offsets.push_back(reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset);
+  }
+  Py_DECREF(slots);
+  if (!same) {
+    PyErr_Format(PyExc_TypeError, "configure_record: %s's __slots__ are not the ones csrc/record.h fills",
+                 reinterpret_cast<PyTypeObject*>(type)->tp_name);
+    return false;
+  }
+  Py_INCREF(type);
+  Py_XDECREF(reinterpret_cast<PyObject*>(out.type));
+  out.type = reinterpret_cast<PyTypeObject*>(type);
+  out.offsets = std::move(offsets);
+  return true;
+}
+
+// a new instance with its slots set to `values` (one per slot, in order), off the GC's lists
+// (see untrack below); nullptr on error
+PyObject* make_slotted(const SlotMaker& m, PyObject* const* values) {
+  PyObject* o = m.type->tp_alloc(m.type, 0);
+  if (!o) return nullptr;
+  if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
+  for (size_t i = 0; i < m.offsets.size(); ++i) {
+    Py_INCREF(values[i]);
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m.offsets[i]) = values[i];
+  }
+  return o;
+}
 
 PyObject* s_graph;
 PyObject* s_max_ops;
@@ -65,7 +124,7 @@ void record_init() {
 }
 
 PyObject* configure_record(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 8 || !PyDict_Check(a[0]) || !PyDict_Check(a[6])) {
+  if (n != 8 || !PyDict_Check(a[0]) || !PyDict_Check(a[4]) || !PyDict_Check(a[5]) || !PyDict_Check(a[6])) {
     PyErr_SetString(PyExc_TypeError,
                     "configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)");
     return nullptr;
@@ -74,6 +133,12 @@ PyObject* configure_record(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* unlock = acquire ? PyObject_GetAttrString(a[1], "release") : nullptr;
   if (!unlock) {
     Py_XDECREF(acquire);
+    return nullptr;
+  }
+  if (!slot_maker(a[2], {"program", "refs", "nscalars", "rng", "origin", "name", "compiled", "collective"}, node_maker) ||
+      !slot_maker(a[3], {"node", "key"}, pending_maker)) {
+    Py_DECREF(acquire);
+    Py_DECREF(unlock);
     return nullptr;
   }
   Py_XSETREF(rec.acquire, acquire);
@@ -134,23 +199,20 @@ PyObject* user_origin() {
   while (f) {
     PyCodeObject* code = PyFrame_GetCode(f);
     PyObject* c = reinterpret_cast<PyObject*>(code);
-    PyObject* skip = PyDict_GetItemWithError(rec.internal, c);  // borrowed
-    int internal;
-    if (skip) {
-      internal = PyObject_IsTrue(skip);
-    } else {
-      // a miss, or a code object that does not hash (Dynamo's resume functions hold slices):
-      // asked of origin.is_internal, and remembered where it hashes
-      const bool unhashable = PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError);
-      if (PyErr_Occurred() && !unhashable) internal = -1;
-      else {
-        PyErr_Clear();
-        PyObject* r = PyObject_CallOneArg(rec.is_internal, c);
-        internal = r ? PyObject_IsTrue(r) : -1;
-        if (r && !unhashable && PyDict_SetItem(rec.internal, c, r) < 0) internal = -1;
-        Py_XDECREF(r);
-      }
+    // origin.internal_code: id(code) -> (code, internal?)
+    PyObject* id = PyLong_FromVoidPtr(c);
+    PyObject* known = id ? PyDict_GetItemWithError(rec.internal, id) : nullptr;  // borrowed
+    int internal = -1;
+    if (known && PyTuple_Check(known) && PyTuple_GET_SIZE(known) == 2 && PyTuple_GET_ITEM(known, 0) == c) {
+      internal = PyObject_IsTrue(PyTuple_GET_ITEM(known, 1));
+    } else if (id && !PyErr_Occurred()) {  // first seen here: asked of origin.is_internal, remembered
+      PyObject* r = PyObject_CallOneArg(rec.is_internal, c);
+      PyObject* entry = r ? PyTuple_Pack(2, c, r) : nullptr;
+      if (entry && PyDict_SetItem(rec.internal, id, entry) == 0) internal = PyObject_IsTrue(r);
+      Py_XDECREF(entry);
+      Py_XDECREF(r);
     }
+    Py_XDECREF(id);
     if (internal < 0) {
       Py_DECREF(code);
       Py_DECREF(f);
@@ -176,10 +238,8 @@ PyObject* user_origin() {
 
 // a new Pending(node, key), or nullptr
 PyObject* new_pending(PyObject* node, PyObject* key) {
-  PyObject* args[] = {node, key};
-  PyObject* p = PyObject_Vectorcall(rec.pending_type, args, 2, nullptr);
-  if (p) untrack(p);
-  return p;
+  PyObject* values[] = {node, key};
+  return make_slotted(pending_maker, values);
 }
 
 // written.append((weakref.ref(entry), p)); -1 on error
@@ -223,8 +283,8 @@ int recordable(PyObject* g, PyObject* compiled, PyObject* entries) {
     if (!plain) return 0;  // a failed one raises there, a foreign one is the Python path's
   }
   // a signature that ran fused or replayed before, or is in this region already: not fresh
-  int seen = PySequence_Contains(rec.fused, compiled);
-  if (seen == 0) seen = PySequence_Contains(rec.replayed, compiled);
+  int seen = PyDict_Contains(rec.fused, compiled);
+  if (seen == 0) seen = PyDict_Contains(rec.replayed, compiled);
   if (seen == 0) {
     PyObject* fresh = PyObject_GetAttr(g, s_fresh);
     if (!fresh) return -1;
@@ -344,12 +404,11 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
     PyObject* node = nullptr;
     if (ns) {
       PyObject* args[] = {program, refs, ns, Py_None, origin, name, compiled, Py_False};
-      node = PyObject_Vectorcall(rec.node_type, args, 8, nullptr);
+      node = make_slotted(node_maker, args);
     }
     Py_XDECREF(program);
     Py_XDECREF(ns);
     if (!node) goto done;
-    untrack(node);
     const int rc = PyList_Append(nodes, node);
     Py_DECREF(node);
     if (rc < 0) goto done;

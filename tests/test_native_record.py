@@ -211,3 +211,20 @@ def test_a_run_region_is_freed_by_reference_counting():
         # (the nodes of the regions compiled first stay: their fused program holds them)
     finally:
         gc.enable()
+
+
+def test_record_types_with_other_slots_are_refused():
+    # csrc/record.h writes a node's and a Pending's slots itself: other slots fail loudly
+    from torchtpu.runtime import tensors
+    from torchtpu.runtime.pending import Pending
+
+    class Node:
+        __slots__ = ("program", "refs", "origin")
+
+    with pytest.raises(TypeError, match="__slots__ are not the ones"):
+        tensors.native.configure_record(vars(deferred), deferred._lock, Node, Pending, {}, {}, {}, len)
+    with torchtpu.eager_mode("defer_and_fuse"):  # the configured types still serve
+        x = torch.ones(3, device="tpu")
+        for _ in range(3):
+            y = x * 5
+        assert_same(y, torch.full((3,), 5.0))

@@ -45,6 +45,8 @@ MAX_OPS = startup.defer_max_ops
 
 
 class _Node:
+    # (csrc/record.h makes nodes without calling __init__, writing these slots itself: keep
+    # __init__ a plain store of its arguments, and the slots in this order)
     __slots__ = ("program", "refs", "nscalars", "rng", "origin", "name", "compiled", "collective")
 
     def __init__(self, program, refs, nscalars, rng, origin, name, compiled, collective=False):
@@ -203,7 +205,7 @@ def _configure_native() -> None:
     if tensors.native is None:
         return
     from . import origin
-    tensors.native.configure_record(globals(), _lock, _Node, Pending, _fused_sigs, _replayed,
+    tensors.native.configure_record(globals(), _lock, _Node, Pending, _fused_sigs.members, _replayed.members,
                                     origin.internal_code, origin.is_internal)
 
 

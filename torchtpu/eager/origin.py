@@ -2,6 +2,7 @@
 
 Walks the Python stack past torch's and torchtpu's own frames (whether a code object is
 internal is remembered per code object, so the walk costs a dict lookup per frame).
+csrc/record.h walks the same way for the ops it records, over the same table.
 """
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ _SKIP_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (sys.modules["torch"], sys.modules["torchtpu"])
 )
-internal_code: dict = _caches.register("issuing code", {})  # code object -> torch's or torchtpu's (not the user's)?
+# id(code object) -> (the code object, torch's or torchtpu's rather than the user's?). By
+# identity: a code object's hash is computed afresh from its name, bytecode and constants at
+# each lookup (and fails for constants such as Dynamo's slices); the value holds the code
+# object, so its id is not reused while the entry lives.
+internal_code: dict = _caches.register("issuing code", {})
 
 
 def user_frame():
@@ -23,13 +28,10 @@ def user_frame():
     internal = internal_code
     while f is not None:
         code = f.f_code
-        try:
-            skip = internal.get(code)
-        except TypeError:  # a code object hashes its constants: Dynamo's resume functions hold slices
-            skip = is_internal(code)
-        if skip is None:
-            skip = internal[code] = is_internal(code)
-        if not skip:
+        known = internal.get(id(code))
+        if known is None or known[0] is not code:
+            known = internal[id(code)] = (code, is_internal(code))
+        if not known[1]:
             return (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return None

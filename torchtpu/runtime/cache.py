@@ -312,6 +312,12 @@ class LRUSet:
     def __contains__(self, item) -> bool:
         return item in self._items
 
+    @property
+    def members(self) -> dict:
+        """The members as the keys of a dict, the same object for the set's life (read
+        without a Python call: csrc/record.h's membership test)."""
+        return self._items
+
     def __len__(self) -> int:
         return len(self._items)
 

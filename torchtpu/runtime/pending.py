@@ -21,7 +21,7 @@ class Pending:
     Pendings, and a back reference made each recorded region a reference cycle that only
     Python's cyclic GC freed, pushing it into full collections of the whole heap."""
 
-    __slots__ = ("node", "key")
+    __slots__ = ("node", "key")  # csrc/record.h writes these itself: keep __init__ a plain store
 
     def __init__(self, node: int, key):
         self.node = node
