@@ -14,11 +14,14 @@ that. Ratios are to the floor.
 
 Then a small GPT's training step (forward, loss, backward, AdamW), host time per step:
 torch CPU eager (its arithmetic included: a tiny model's is small), and tpu strict, defer_and_fuse (recording and the region's launch) and a
-torch.compile'd model, each issuing steps back to back with one wait at the end.
+torch.compile'd model, each issuing steps back to back with one wait at the end; and the
+mean over --sustained steps in a row with the time Python's cyclic GC took in them (its full
+collections of the whole heap are pauses a best-of never sees).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -113,8 +116,11 @@ def _dynamo_floor(fn, x, y, iters: int, repeats: int, sync) -> float:
     return _per_op(torch.compile(fn, backend=backend), x, y, iters, repeats, sync)
 
 
-def _train_step_host(device: str, mode: str | None, steps: int, repeats: int) -> tuple[float, int]:
-    """(host ms per training step, ATen ops per step) of a small GPT on `device`."""
+def _train_step_host(device: str, mode: str | None, steps: int, repeats: int,
+                     sustained: int) -> tuple[float, int, float, float, int]:
+    """(host ms per training step, ATen ops per step, mean ms per step over `sustained` steps
+    in a row, of which ms in Python's cyclic GC, full collections among them) of a small GPT
+    on `device`."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from .models import TinyGPT
@@ -159,10 +165,39 @@ def _train_step_host(device: str, mode: str | None, steps: int, repeats: int) ->
                 out = step()
             best = min(best, (time.perf_counter() - t0) / steps)
             sync(out)
+        mean, in_gc, full = _sustained(step, sync, sustained)
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
-    return best * 1e3, ops
+    return best * 1e3, ops, mean, in_gc, full
+
+
+def _sustained(step, sync, steps: int) -> tuple[float, float, int]:
+    """(mean ms per step, ms per step in the cyclic GC, full collections) over `steps` steps in
+    a row: what a best-of misses, the GC's pauses (a full collection walks the whole heap,
+    200+ ms with torch and jax loaded), as a long training loop meets them."""
+    spent = [0.0, 0]
+    started = [0.0]
+
+    def watch(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+            spent[1] += info["generation"] == 2
+
+    gc.callbacks.append(watch)
+    try:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            out = step()
+            if i % 10 == 9:
+                sync(out)
+        sync(out)
+        total = time.perf_counter() - t0
+    finally:
+        gc.callbacks.remove(watch)
+    return total / steps * 1e3, spent[0] / steps * 1e3, spent[1]
 
 
 def main(argv=None) -> int:
@@ -170,6 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-train", action="store_true", help="skip the training step")
+    p.add_argument("--sustained", type=int, default=500, help="training steps in a row for the mean (GC pauses included)")
     args = p.parse_args(argv)
     rows = []
     for i, (name, shape, fn, jfn) in enumerate(CASES, 1):
@@ -207,16 +243,19 @@ def main(argv=None) -> int:
     for label, device, mode in [("torch cpu", "cpu", None), ("tpu strict", "tpu", "strict"), ("tpu defer_and_fuse", "tpu", "defer_and_fuse"),
                                 ("tpu torch.compile", "tpu", "compile")]:
         print(f"  {label} ...", flush=True)
-        ms, ops = _train_step_host(device, mode, steps, args.repeats)
-        train.append((label, ms, ops))
+        train.append((label, *_train_step_host(device, mode, steps, args.repeats, args.sustained)))
     cpu_ms = train[0][1]
     print()
+    cpu_mean = train[0][3]
     print(f"host time per training step (ms, best of {args.repeats} x {steps} steps, one wait at the end; "
-          "torch cpu's includes its arithmetic)")
-    hdr = f"{'path':<28}{'ms/step':>9}{'ops/step':>10}{'us/op':>8}{'x cpu':>7}"
+          f"torch cpu's includes its arithmetic); mean: over {args.sustained} steps in a row, a wait every 10, "
+          "with the cyclic GC's time in it and its full collections")
+    hdr = (f"{'path':<28}{'ms/step':>9}{'ops/step':>10}{'us/op':>8}{'x cpu':>7}"
+           f"{'mean':>8}{'x cpu':>7}{'gc ms':>7}{'full gc':>8}")
     print(hdr)
     print("-" * len(hdr))
-    for label, ms, ops in train:
+    for label, ms, ops, mean, in_gc, full in train:
         per_op = f"{ms * 1e3 / ops:>8.1f}" if ops else f"{'':>8}"
-        print(f"{label:<28}{ms:>9.2f}{ops if ops else '':>10}{per_op}{ms / cpu_ms:>7.1f}")
+        print(f"{label:<28}{ms:>9.2f}{ops if ops else '':>10}{per_op}{ms / cpu_ms:>7.1f}"
+              f"{mean:>8.2f}{mean / cpu_mean:>7.1f}{in_gc:>7.2f}{full:>8}")
     return 0
