@@ -44,6 +44,9 @@
 #include <structmember.h>
 
 #include <initializer_list>
+#include <string>
+
+#include "slots.h"
 
 namespace {
 
@@ -85,6 +88,10 @@ PyObject* s_executions;
 PyObject* s_native_hits;
 PyObject* s_native;
 PyObject* empty_tuple;
+PyObject* s_itemsize;
+PyObject* s_zero_index;  // 0: an entry's device index on device 0
+// storage.Entry is made without its __init__ (csrc/slots.h): its slots, in order
+SlotMaker entry_maker;
 
 // dict[key] += n (a missing key counts as 0); -1 with an error set on failure
 int add_to(PyObject* dict, PyObject* key, long long n, long long* now = nullptr) {
@@ -162,8 +169,17 @@ PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject
   PyObject* storage = THPStorage_Wrap(t.storage());
   if (!storage) return nullptr;
   PyObject* key = PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl());
+  // storage.Entry(numel, npdtype, buf), its __init__'s stores made here (csrc/slots.h)
   PyObject* n = key ? PyLong_FromLongLong(numel) : nullptr;
-  PyObject* entry = n ? PyObject_CallFunctionObjArgs(st.entry_type, n, npdtype, buf, nullptr) : nullptr;
+  PyObject* size = n ? PyObject_GetAttr(npdtype, s_itemsize) : nullptr;
+  PyObject* nbytes = size ? PyNumber_Multiply(n, size) : nullptr;
+  PyObject* entry = nullptr;
+  if (nbytes) {
+    PyObject* values[] = {buf, n, npdtype, nbytes, Py_None, Py_None, Py_False, s_zero_index};
+    entry = make_slotted(entry_maker, values, true);
+  }
+  Py_XDECREF(nbytes);
+  Py_XDECREF(size);
   Py_XDECREF(n);
   PyObject* cb = entry ? PyObject_CallFunctionObjArgs(st.partial, st.released, key, entry, nullptr) : nullptr;
   PyObject* ref = cb ? PyWeakref_NewRef(storage, cb) : nullptr;
@@ -316,6 +332,9 @@ PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
   max_parked = PyLong_AsSsize_t(a[12]);
   tidy_step = static_cast<int>(PyLong_AsLong(a[13]));
   if (PyErr_Occurred()) return nullptr;
+  if (!slot_maker(a[8], {"buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__"},
+                  entry_maker))
+    return nullptr;
   PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.released,
                         &st.partial, &st.parked, &st.tidy, &st.entry_type};
   for (int i = 0; i < 9; ++i) {
@@ -1056,6 +1075,8 @@ PyMethodDef methods[] = {
      "released(key, entry, ref): a storage's entry let go (storage._release's common case)"},
     {"configure_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_record)), METH_FASTCALL,
      "configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)"},
+    {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(record)), METH_FASTCALL,
+     "record(compiled, entries, dyn, name) -> outputs | NotImplemented"},
     {"hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(hit)), METH_FASTCALL,
      "hit(compiled, entries, packed) -> result | NotImplemented"},
     {nullptr, nullptr, 0, nullptr}};
@@ -1095,5 +1116,7 @@ PyMODINIT_FUNC PyInit__hit(void) {
   s_native_hits = PyUnicode_InternFromString("native_hits");
   s_native = PyUnicode_InternFromString("native");
   empty_tuple = PyTuple_New(0);
+  s_itemsize = PyUnicode_InternFromString("itemsize");
+  s_zero_index = PyLong_FromLong(0);
   return PyModule_Create(&module);
 }

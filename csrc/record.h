@@ -7,6 +7,7 @@
 // or foreign buffer, an assertion node, another device. Those hand the call back (NotImplemented)
 // before anything is changed, and executor.resume records it in Python.
 //
+// record(compiled, entries, dyn, name): the same from the Python executor (see below)
 // configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)
 //   deferred's module dict (its _graph, the region being recorded, is replaced by each flush;
 //   MAX_OPS may be set by tests), its _lock, _Node, runtime.pending.Pending, the members (a
@@ -15,8 +16,7 @@
 //   (user_frame's walk over the stack, done here without materializing a Python call)
 #pragma once
 
-// (included inside hit.cpp's anonymous namespace: <structmember.h> and <initializer_list>
-// are included at hit.cpp's top)
+// (included inside hit.cpp's anonymous namespace, after csrc/slots.h)
 namespace {
 
 struct Rec {
@@ -31,61 +31,9 @@ struct Rec {
   PyObject* is_internal = nullptr;
 } rec;
 
-// A node or a Pending made without running its class's __init__ (which only stores its
-// arguments): the instance allocated and its slots written at their offsets, as the slots'
-// member descriptors would. The slots are checked against these names at configure time, so
-// a class that changes its slots fails at import, not with a half-made object.
-struct SlotMaker {
-  PyTypeObject* type = nullptr;
-  std::vector<Py_ssize_t> offsets;
-};
+// nodes and Pendings are made without their __init__ (csrc/slots.h)
 SlotMaker node_maker;
 SlotMaker pending_maker;
-
-bool slot_maker(PyObject* type, std::initializer_list<const char*> names, SlotMaker& out) {
-  if (!PyType_Check(type)) {
-    PyErr_SetString(PyExc_TypeError, "configure_record: a node or buffer type expected");
-    return false;
-  }
-  PyObject* slots = PyObject_GetAttrString(type, "__slots__");
-  if (!slots) return false;
-  bool same = PyTuple_Check(slots) && PyTuple_GET_SIZE(slots) == static_cast<Py_ssize_t>(names.size());
-  std::vector<Py_ssize_t> offsets;
-  Py_ssize_t i = 0;
-  for (const char* name : names) {
-    if (!same) break;
-    PyObject* slot = PyTuple_GET_ITEM(slots, i++);
-    same = PyUnicode_Check(slot) && PyUnicode_CompareWithASCIIString(slot, name) == 0;
-    PyObject* d = same ? PyDict_GetItemString(reinterpret_cast<PyTypeObject*>(type)->tp_dict, name) : nullptr;
-    same = d && Py_TYPE(d) == &PyMemberDescr_Type &&
-           reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type == T_OBJECT_EX;
-    if (same) offsets.push_back(reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset);
-  }
-  Py_DECREF(slots);
-  if (!same) {
-    PyErr_Format(PyExc_TypeError, "configure_record: %s's __slots__ are not the ones csrc/record.h fills",
-                 reinterpret_cast<PyTypeObject*>(type)->tp_name);
-    return false;
-  }
-  Py_INCREF(type);
-  Py_XDECREF(reinterpret_cast<PyObject*>(out.type));
-  out.type = reinterpret_cast<PyTypeObject*>(type);
-  out.offsets = std::move(offsets);
-  return true;
-}
-
-// a new instance with its slots set to `values` (one per slot, in order), off the GC's lists
-// (see untrack below); nullptr on error
-PyObject* make_slotted(const SlotMaker& m, PyObject* const* values) {
-  PyObject* o = m.type->tp_alloc(m.type, 0);
-  if (!o) return nullptr;
-  if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
-  for (size_t i = 0; i < m.offsets.size(); ++i) {
-    Py_INCREF(values[i]);
-    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m.offsets[i]) = values[i];
-  }
-  return o;
-}
 
 PyObject* s_graph;
 PyObject* s_max_ops;
@@ -239,7 +187,7 @@ PyObject* user_origin() {
 // a new Pending(node, key), or nullptr
 PyObject* new_pending(PyObject* node, PyObject* key) {
   PyObject* values[] = {node, key};
-  return make_slotted(pending_maker, values);
+  return make_slotted(pending_maker, values, false);
 }
 
 // written.append((weakref.ref(entry), p)); -1 on error
@@ -404,7 +352,7 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
     PyObject* node = nullptr;
     if (ns) {
       PyObject* args[] = {program, refs, ns, Py_None, origin, name, compiled, Py_False};
-      node = make_slotted(node_maker, args);
+      node = make_slotted(node_maker, args, false);
     }
     Py_XDECREF(program);
     Py_XDECREF(ns);
@@ -516,6 +464,28 @@ done:
   Py_XDECREF(refs);
   Py_DECREF(g);
   return result;
+}
+
+// record(compiled, entries, dyn, name) -> outputs | NotImplemented
+//   compiled.rec recorded from the Python executor (a call fast() did not take: a carried
+//   dtype seen in the process, say); an in-place op's result is None, the caller returns the
+//   written argument
+PyObject* record(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 4 || !PyList_CheckExact(a[1]) || !PyList_Check(a[2])) {
+    PyErr_SetString(PyExc_TypeError, "record(compiled, entries, dyn, name)");
+    return nullptr;
+  }
+  if (!rec.globals || !configured()) {
+    PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: configure_record() was not called");
+    return nullptr;
+  }
+  PyObject* plan = PyObject_GetAttr(a[0], s_rec);
+  if (!plan) return nullptr;
+  PyObject* out;
+  if (PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 5) out = record_planned(a[0], plan, a[1], a[2], a[3]);
+  else out = not_here();
+  Py_DECREF(plan);
+  return out;
 }
 
 }  // namespace

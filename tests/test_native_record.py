@@ -228,3 +228,26 @@ def test_record_types_with_other_slots_are_refused():
         for _ in range(3):
             y = x * 5
         assert_same(y, torch.full((3,), 5.0))
+
+
+@torchtpu.eager_mode("defer_and_fuse")
+def test_recorded_in_cpp_from_the_python_executor_too():
+    # once a carried dtype (complex32, uint4, ...) is seen, every call goes through the Python
+    # executor (eager/carried.py checks it), which records planned signatures in C++ as well
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
+
+    x, y = _inputs(torch.float32)
+    tx, ty = to_tpu((x, y))
+    seen = CARRIED_SEEN[0]
+    CARRIED_SEEN[0] = True
+    try:
+        before = _records()
+        for _ in range(4):
+            got = tx * ty + 1
+            tx.add_(ty)
+            x.add_(y)
+        assert _records() >= before + 4
+    finally:
+        CARRIED_SEEN[0] = seen
+    assert_same(got, (x - y) * y + 1)
+    assert_same(tx, x)

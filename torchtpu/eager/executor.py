@@ -147,6 +147,7 @@ def _serve(low: Lowering, args, kwargs):
 _quick = _cache.by_quick_key
 _MODE = modes.state
 _chit = tensors.hit  # csrc/hit.cpp: a planned strict hit in one C++ call (None: not built)
+_crec = tensors.record  # csrc/record.h: a planned defer_and_fuse record in one C++ call
 _NO_SCALARS = scalars.pack_cached((), ())
 
 
@@ -187,7 +188,7 @@ def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, te
                 if offsets:
                     dyn += offsets
                 res = _finish(low, compiled, args, kwargs, deferred.record(compiled, entries, dyn, low))
-                if compiled.rec is None and _chit is not None:
+                if compiled.rec is None and _crec is not None:
                     compiled.rec = _plan_record(low, compiled)
             else:
                 res = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
@@ -258,7 +259,14 @@ def _launch(low, compiled, flat, args, kwargs, gen, quick=False):
             except Exception as err:
                 _cache.drop(compiled.key)
                 raise user_error(err, low, flat.tensors, args, kwargs) from err
+        rec = compiled.rec
+        if rec and not _SPREAD[0]:  # (a call fast() did not take: a carried dtype seen, say)
+            outs = _crec(compiled, flat.entries, flat.dyn, low.name)
+            if outs is not NotImplemented:
+                return _finish(low, compiled, args, kwargs, None) if low.mode == "inplace" else outs
         outs = deferred.record(compiled, flat.entries, flat.dyn, low, gen)
+        if rec is None and _crec is not None:
+            compiled.rec = _plan_record(low, compiled)
         return _finish(low, compiled, args, kwargs, outs)
     if quick and compiled.partial is None:
         return _SLOW

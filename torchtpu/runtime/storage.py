@@ -24,6 +24,8 @@ from . import geometry, inflight, jaxenv, pending, placement
 class Entry:
     """One storage: its flat buffer (None until first written), length, dtype."""
 
+    # (csrc/hit.cpp makes entries without calling __init__, writing these slots itself: keep
+    # __init__ a plain store, and the slots in this order)
     __slots__ = ("buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__")
 
     def __init__(self, numel: int, dtype: np.dtype, buf=None):

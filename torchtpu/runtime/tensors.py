@@ -54,6 +54,8 @@ native = storage.native  # csrc/hit.cpp's module, or None where it was not built
 _new = storage.native.new_tensor if storage.native is not None else None
 # hit(compiled, entries, packed) -> result | NotImplemented: a strict op's planned cache hit
 hit = storage.native.hit if storage.native is not None else None
+# record(compiled, entries, dyn, name) -> outputs | NotImplemented: a planned defer_and_fuse record
+record = storage.native.record if storage.native is not None else None
 PLAIN = _PLAIN
 _alias = storage.native.alias if storage.native is not None else None
 native_graph_fast = storage.native.graph_fast if storage.native is not None else None
