@@ -5,15 +5,14 @@
 // deferred.record stays the general path: a fresh signature (the compile-storm guard counts
 // it), a region at its size cap or churning (the record ends in a flush), a random op, a failed
 // or foreign buffer, an assertion node, another device. Those hand the call back (NotImplemented)
-// before anything is changed, and executor.resume records it in Python.
+// before anything is changed, and the executor (resume, _launch) records it in Python.
 //
 // record(compiled, entries, dyn, name): the same from the Python executor (see below)
 // configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)
 //   deferred's module dict (its _graph, the region being recorded, is replaced by each flush;
 //   MAX_OPS may be set by tests), its _lock, _Node, runtime.pending.Pending, the members (a
 //   dict) of the LRU sets of signatures that ran fused or replayed, and origin's code-object
-//   cache and its test
-//   (user_frame's walk over the stack, done here without materializing a Python call)
+//   cache and its test (origin.user_frame's walk over the stack is done here too)
 #pragma once
 
 // (included inside hit.cpp's anonymous namespace, after csrc/slots.h)
@@ -23,7 +22,6 @@ struct Rec {
   PyObject* globals = nullptr;
   PyObject* acquire = nullptr;
   PyObject* unlock = nullptr;
-  PyObject* node_type = nullptr;
   PyObject* pending_type = nullptr;
   PyObject* fused = nullptr;
   PyObject* replayed = nullptr;
@@ -83,15 +81,22 @@ PyObject* configure_record(PyObject*, PyObject* const* a, Py_ssize_t n) {
     Py_XDECREF(acquire);
     return nullptr;
   }
-  if (!slot_maker(a[2], {"program", "refs", "nscalars", "rng", "origin", "name", "compiled", "collective"}, node_maker) ||
-      !slot_maker(a[3], {"node", "key"}, pending_maker)) {
+  SlotMaker node, pending;  // (all or nothing: a refused type leaves the configuration as it was)
+  if (!slot_maker(a[2], {"program", "refs", "nscalars", "rng", "origin", "name", "compiled", "collective"}, node) ||
+      !slot_maker(a[3], {"node", "key"}, pending)) {
+    Py_XDECREF(reinterpret_cast<PyObject*>(node.type));
+    Py_XDECREF(reinterpret_cast<PyObject*>(pending.type));
     Py_DECREF(acquire);
     Py_DECREF(unlock);
     return nullptr;
   }
+  Py_XDECREF(reinterpret_cast<PyObject*>(node_maker.type));
+  Py_XDECREF(reinterpret_cast<PyObject*>(pending_maker.type));
+  node_maker = std::move(node);
+  pending_maker = std::move(pending);
   Py_XSETREF(rec.acquire, acquire);
   Py_XSETREF(rec.unlock, unlock);
-  PyObject** slots[] = {&rec.globals, nullptr, &rec.node_type, &rec.pending_type, &rec.fused,
+  PyObject** slots[] = {&rec.globals, nullptr, nullptr, &rec.pending_type, &rec.fused,
                         &rec.replayed, &rec.internal, &rec.is_internal};
   for (int i = 0; i < 8; ++i) {
     if (!slots[i]) continue;
