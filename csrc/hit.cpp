@@ -472,6 +472,53 @@ int commit(PyObject* entries, PyObject* updated) {
   return 0;
 }
 
+// A planned output (compiled.hit's and compiled.rec's spec: sizes, dtype, npdtype, numel,
+// strides or None: contiguous) as a new tensor on device 0 whose storage entry holds `buf`; its
+// entry too when `entry` is given (a new reference each); nullptr with an error set
+PyObject* planned_output(PyObject* spec, PyObject* buf, PyObject** entry) {
+  PyObject* shape = PyTuple_GET_ITEM(spec, 0);
+  const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+  std::vector<int64_t> sizes(nd);
+  for (Py_ssize_t d = 0; d < nd; ++d) sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+  const long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 3));
+  PyObject* layout = PyTuple_GET_ITEM(spec, 4);
+  std::vector<int64_t> strides;
+  if (layout != Py_None) {
+    strides.resize(nd);
+    for (Py_ssize_t d = 0; d < nd; ++d) strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(layout, d));
+  }
+  if (PyErr_Occurred()) return nullptr;
+  try {
+    at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(spec, 1))->scalar_type,
+                              layout != Py_None ? &strides : nullptr);
+    PyObject* e = attach(t, numel, PyTuple_GET_ITEM(spec, 2), buf);
+    if (!e) return nullptr;
+    PyObject* obj = THPVariable_Wrap(std::move(t));
+    if (obj && entry) *entry = e;
+    else Py_DECREF(e);
+    return obj;
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+    return nullptr;
+  }
+}
+
+// a planned call's outputs (a tuple, stolen) as its structure says: 0 the one, 1 the tuple, 2 a list
+PyObject* structured(PyObject* results, long structure) {
+  if (structure == 0) {
+    PyObject* one = PyTuple_GET_ITEM(results, 0);
+    Py_INCREF(one);
+    Py_DECREF(results);
+    return one;
+  }
+  if (structure == 2) {
+    PyObject* lst = PySequence_List(results);
+    Py_DECREF(results);
+    return lst;
+  }
+  return results;
+}
+
 // compiled.hit run on the entries' buffers; NotImplemented where the Python path must serve
 PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
   PyObject* plan = PyObject_GetAttr(compiled, s_hit);
@@ -560,30 +607,7 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
         PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: fewer outputs than planned");
         goto fail;
       }
-      PyObject* shape = PyTuple_GET_ITEM(spec, 0);
-      const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-      std::vector<int64_t> sizes(nd);
-      for (Py_ssize_t d = 0; d < nd; ++d) sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-      const long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 3));
-      PyObject* layout = PyTuple_GET_ITEM(spec, 4);  // strides, or None: contiguous
-      std::vector<int64_t> strides;
-      if (layout != Py_None) {
-        strides.resize(nd);
-        for (Py_ssize_t d = 0; d < nd; ++d) strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(layout, d));
-      }
-      if (PyErr_Occurred()) goto fail;
-      PyObject* obj = nullptr;
-      try {
-        at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(spec, 1))->scalar_type,
-                                  layout != Py_None ? &strides : nullptr);
-        PyObject* entry = attach(t, numel, PyTuple_GET_ITEM(spec, 2), PySequence_Fast_GET_ITEM(arrs, k));
-        if (!entry) goto fail;
-        Py_DECREF(entry);
-        obj = THPVariable_Wrap(std::move(t));
-      } catch (const std::exception& e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-        goto fail;
-      }
+      PyObject* obj = planned_output(spec, PySequence_Fast_GET_ITEM(arrs, k), nullptr);
       if (!obj) goto fail;
       PyTuple_SET_ITEM(results, i, obj);
       ++k;
@@ -591,18 +615,7 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
   }
   Py_DECREF(arrs);
   Py_DECREF(plan);
-  if (structure == 0) {
-    PyObject* one = PyTuple_GET_ITEM(results, 0);
-    Py_INCREF(one);
-    Py_DECREF(results);
-    return one;
-  }
-  if (structure == 2) {
-    PyObject* lst = PySequence_List(results);
-    Py_DECREF(results);
-    return lst;
-  }
-  return results;
+  return structured(results, structure);
 fail:
   Py_XDECREF(results);
   Py_DECREF(arrs);
@@ -706,6 +719,16 @@ PyObject* written_argument(PyObject* args, PyObject* kwargs, PyObject* index, Py
   return out;
 }
 
+// `out` of a planned call (nullptr and NotImplemented pass through): for an in-place plan
+// (plan[structure_at] == 3) the written argument instead, named by plan[returned_at] (its
+// position) and plan[returned_at + 1] (its keyword); steals `out`
+PyObject* planned_result(PyObject* out, PyObject* plan, int structure_at, int returned_at, PyObject* args,
+                         PyObject* kwargs) {
+  if (!out || out == Py_NotImplemented || PyLong_AsLong(PyTuple_GET_ITEM(plan, structure_at)) != 3) return out;
+  Py_DECREF(out);
+  return written_argument(args, kwargs, PyTuple_GET_ITEM(plan, returned_at), PyTuple_GET_ITEM(plan, returned_at + 1));
+}
+
 #include "record.h"
 
 // fast(state, args, kwargs) -> result | NotImplemented
@@ -768,13 +791,16 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     Py_XINCREF(compiled);
     if (compiled) {
       PyObject* mode = PyDict_GetItemWithError(gate.mode_state, s_mode);
-      PyObject* prof = mode ? PyObject_GetAttr(gate.profiler, s_profiling) : nullptr;
-      if (!prof) goto done;
+      if (!mode) goto done;
       const bool strict = PyUnicode_Check(mode) && PyUnicode_Compare(mode, s_strict) == 0;
-      const int profiling = PyObject_IsTrue(prof);
-      Py_DECREF(prof);
-      PyObject* plan = strict && profiling == 0 ? PyObject_GetAttr(compiled, s_hit) : nullptr;
-      if (!strict && rec.globals && PyUnicode_Check(mode) && PyUnicode_Compare(mode, s_deferring) == 0) {
+      PyObject* plan = nullptr;
+      if (strict) {  // (the profiler times strict runs: the Python path serves those)
+        PyObject* prof = PyObject_GetAttr(gate.profiler, s_profiling);
+        if (!prof) goto done;
+        const int profiling = PyObject_IsTrue(prof);
+        Py_DECREF(prof);
+        plan = profiling == 0 ? PyObject_GetAttr(compiled, s_hit) : nullptr;
+      } else if (rec.globals && PyUnicode_Check(mode) && PyUnicode_Compare(mode, s_deferring) == 0) {
         // defer_and_fuse: recorded here where its signature has a record plan
         plan = PyObject_GetAttr(compiled, s_rec);
         if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 5) {
@@ -782,10 +808,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
           if (vals == dyn) Py_INCREF(vals);
           out = vals ? record_planned(compiled, plan, entries, vals, PyTuple_GET_ITEM(state, 1)) : nullptr;
           Py_XDECREF(vals);
-          if (out && out != Py_NotImplemented && PyLong_AsLong(PyTuple_GET_ITEM(plan, 1)) == 3) {
-            Py_DECREF(out);
-            out = written_argument(args, kwargs, PyTuple_GET_ITEM(plan, 3), PyTuple_GET_ITEM(plan, 4));
-          }
+          out = planned_result(out, plan, 1, 3, args, kwargs);
           Py_DECREF(plan);
           if (!out) goto done;
           if (out != Py_NotImplemented) goto done;
@@ -808,11 +831,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         }
         if (packed) out = serve(compiled, entries, packed);
         Py_XDECREF(packed);
-        if (out && out != Py_NotImplemented && PyLong_AsLong(PyTuple_GET_ITEM(plan, 2)) == 3) {
-          // in place: the op returns its written argument
-          Py_DECREF(out);
-          out = written_argument(args, kwargs, PyTuple_GET_ITEM(plan, 4), PyTuple_GET_ITEM(plan, 5));
-        }
+        out = planned_result(out, plan, 2, 4, args, kwargs);
         Py_DECREF(plan);
         if (!out) goto done;
         if (out != Py_NotImplemented) goto done;

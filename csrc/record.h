@@ -22,7 +22,6 @@ struct Rec {
   PyObject* globals = nullptr;
   PyObject* acquire = nullptr;
   PyObject* unlock = nullptr;
-  PyObject* pending_type = nullptr;
   PyObject* fused = nullptr;
   PyObject* replayed = nullptr;
   PyObject* internal = nullptr;
@@ -96,7 +95,7 @@ PyObject* configure_record(PyObject*, PyObject* const* a, Py_ssize_t n) {
   pending_maker = std::move(pending);
   Py_XSETREF(rec.acquire, acquire);
   Py_XSETREF(rec.unlock, unlock);
-  PyObject** slots[] = {&rec.globals, nullptr, nullptr, &rec.pending_type, &rec.fused,
+  PyObject** slots[] = {&rec.globals, nullptr, nullptr, nullptr, &rec.fused,
                         &rec.replayed, &rec.internal, &rec.is_internal};
   for (int i = 0; i < 8; ++i) {
     if (!slots[i]) continue;
@@ -140,9 +139,7 @@ struct RecLocked {
 // - a node holds those, its op's name, program and executable: nothing that leads back to a
 //   node (the op cache holds executables, a fused region's program holds its nodes, never the
 //   reverse; test_native_record checks a run region is freed by reference counting).
-void untrack(PyObject* o) {
-  if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
-}
+// (untrack: csrc/slots.h)
 
 // origin.user_frame: (file, line, function) of the first frame on the stack that is not torch's
 // or torchtpu's, or None; a new reference, nullptr with an error set
@@ -231,7 +228,7 @@ int recordable(PyObject* g, PyObject* compiled, PyObject* entries) {
     PyObject* b = PyObject_GetAttr(PyList_GET_ITEM(entries, i), s_buf);
     if (!b) return -1;
     const bool plain = b == Py_None || Py_TYPE(b) == st.array_type ||
-                       reinterpret_cast<PyObject*>(Py_TYPE(b)) == rec.pending_type;
+                       Py_TYPE(b) == pending_maker.type;
     Py_DECREF(b);
     if (!plain) return 0;  // a failed one raises there, a foreign one is the Python path's
   }
@@ -268,7 +265,7 @@ PyObject* record_refs(PyObject* g, PyObject* entries) {
     if (b == Py_None) {
       r = Py_None;
       Py_INCREF(r);
-    } else if (reinterpret_cast<PyObject*>(Py_TYPE(b)) == rec.pending_type) {
+    } else if (Py_TYPE(b) == pending_maker.type) {
       PyObject* node = PyObject_GetAttr(b, s_node);
       PyObject* key = node ? PyObject_GetAttr(b, s_key) : nullptr;
       r = key ? PyTuple_Pack(3, s_zero, node, key) : nullptr;
@@ -416,50 +413,18 @@ PyObject* record_planned(PyObject* compiled, PyObject* plan, PyObject* entries, 
       PyObject* kk = PyLong_FromLong(k++);
       PyObject* p = kk ? new_pending(j, kk) : nullptr;
       Py_XDECREF(kk);
-      PyObject* obj = nullptr;
-      if (p) {
-        PyObject* shape = PyTuple_GET_ITEM(spec, 0);
-        const Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-        std::vector<int64_t> sizes(nd);
-        for (Py_ssize_t d = 0; d < nd; ++d) sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-        const long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 3));
-        PyObject* layout = PyTuple_GET_ITEM(spec, 4);  // strides, or None: contiguous
-        std::vector<int64_t> strides;
-        if (layout != Py_None) {
-          strides.resize(nd);
-          for (Py_ssize_t d = 0; d < nd; ++d) strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(layout, d));
-        }
-        if (!PyErr_Occurred()) {
-          try {
-            at::Tensor t = make_empty(sizes, reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(spec, 1))->scalar_type,
-                                      layout != Py_None ? &strides : nullptr);
-            PyObject* entry = attach(t, numel, PyTuple_GET_ITEM(spec, 2), p);
-            if (entry) {
-              if (note_written(written, entry, p) == 0) obj = THPVariable_Wrap(std::move(t));
-              Py_DECREF(entry);
-            }
-          } catch (const std::exception& e) {
-            PyErr_SetString(PyExc_RuntimeError, e.what());
-          }
-        }
-        Py_DECREF(p);
-      }
+      PyObject* entry = nullptr;
+      PyObject* obj = p ? planned_output(spec, p, &entry) : nullptr;
+      if (obj && note_written(written, entry, p) < 0) Py_CLEAR(obj);
+      Py_XDECREF(entry);
+      Py_XDECREF(p);
       if (!obj) {
         Py_DECREF(res);
         goto done;
       }
       PyTuple_SET_ITEM(res, i, obj);
     }
-    if (structure == 0) {
-      result = PyTuple_GET_ITEM(res, 0);
-      Py_INCREF(result);
-      Py_DECREF(res);
-    } else if (structure == 2) {
-      result = PySequence_List(res);
-      Py_DECREF(res);
-    } else {
-      result = res;
-    }
+    result = structured(res, structure);
   }
 done:
   Py_XDECREF(j);

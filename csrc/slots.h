@@ -48,12 +48,17 @@ bool slot_maker(PyObject* type, std::initializer_list<const char*> names, SlotMa
   return true;
 }
 
+// off the cyclic GC's lists (record.h says when that is safe)
+void untrack(PyObject* o) {
+  if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
+}
+
 // A new instance with its object slots set to `values` (one per slot, in order); off the
 // cyclic GC's lists unless `tracked` (record.h says when that is safe); nullptr on error
 PyObject* make_slotted(const SlotMaker& m, PyObject* const* values, bool tracked) {
   PyObject* o = m.type->tp_alloc(m.type, 0);
   if (!o) return nullptr;
-  if (!tracked && PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
+  if (!tracked) untrack(o);
   for (size_t i = 0; i < m.offsets.size(); ++i) {
     Py_INCREF(values[i]);
     *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m.offsets[i]) = values[i];

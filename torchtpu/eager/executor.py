@@ -187,9 +187,7 @@ def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, te
                 compiled.used = next(clock)
                 if offsets:
                     dyn += offsets
-                res = _finish(low, compiled, args, kwargs, deferred.record(compiled, entries, dyn, low))
-                if compiled.rec is None and _crec is not None:
-                    compiled.rec = _plan_record(low, compiled)
+                res = _record(low, compiled, entries, dyn, args, kwargs)
             else:
                 res = _quick_hit(low, compiled, Flat.scanned(entries, offsets, dyn, tensors), args, kwargs)
                 if res is _SLOW:
@@ -259,18 +257,23 @@ def _launch(low, compiled, flat, args, kwargs, gen, quick=False):
             except Exception as err:
                 _cache.drop(compiled.key)
                 raise user_error(err, low, flat.tensors, args, kwargs) from err
-        rec = compiled.rec
-        if rec and not _SPREAD[0]:  # (a call fast() did not take: a carried dtype seen, say)
+        if compiled.rec and not _SPREAD[0]:  # (a call fast() did not take: a carried dtype seen, say)
             outs = _crec(compiled, flat.entries, flat.dyn, low.name)
             if outs is not NotImplemented:
                 return _finish(low, compiled, args, kwargs, None) if low.mode == "inplace" else outs
-        outs = deferred.record(compiled, flat.entries, flat.dyn, low, gen)
-        if rec is None and _crec is not None:
-            compiled.rec = _plan_record(low, compiled)
-        return _finish(low, compiled, args, kwargs, outs)
+        return _record(low, compiled, flat.entries, flat.dyn, args, kwargs, gen)
     if quick and compiled.partial is None:
         return _SLOW
     return _run_strict(low, compiled, compiled.key, flat, args, kwargs, gen)
+
+
+def _record(low, compiled, entries, dyn, args, kwargs, gen=None):
+    """defer_and_fuse's record in Python (deferred.record); the signature's later records are
+    planned for csrc/record.h."""
+    outs = deferred.record(compiled, entries, dyn, low, gen)
+    if compiled.rec is None and _crec is not None:
+        compiled.rec = _plan_record(low, compiled)
+    return _finish(low, compiled, args, kwargs, outs)
 
 
 def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
