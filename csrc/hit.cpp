@@ -651,6 +651,7 @@ struct Gate {
   PyObject* precision_name = nullptr;  // torch.get_float32_matmul_precision() then
   PyObject* get_precision = nullptr;   // torch.get_float32_matmul_precision
   PyObject* pack_offsets = nullptr;    // offsets -> what a compiled graph's program takes
+  PyObject* bucketed = nullptr;        // eager/extents.Bucketed: what a quick key finds for a bucketed view
 } gate;
 
 PyObject* s_mode;
@@ -660,20 +661,30 @@ PyObject* s_dtype_kw;
 PyObject* s_profiling;
 PyObject* s_deferring;
 PyObject* s_rec;
+PyObject* s_fits;
+PyObject* s_compiled;
+PyObject* s_sizes;
+PyObject* s_bucketed_view_ops;
 
 bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
   return PyList_GET_SIZE(lst) > 0 && PyObject_IsTrue(PyList_GET_ITEM(lst, 0)) == 1;
 }
 
 PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 14) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: 14 arguments");
+  if (n != 15) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: 15 arguments");
+    return nullptr;
+  }
+  if (!PyType_Check(a[14])) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: the Bucketed type");
     return nullptr;
   }
   Py_INCREF(a[12]);
   Py_XSETREF(gate.get_precision, a[12]);
   Py_INCREF(a[13]);
   Py_XSETREF(gate.pack_offsets, a[13]);
+  Py_INCREF(a[14]);
+  Py_XSETREF(gate.bucketed, a[14]);
   PyObject** slots[] = {&gate.quick, &gate.mode_state, &gate.spread, &gate.carried_seen,
                         &gate.dynamic, &gate.checks, &gate.carried, &gate.profiler,
                         &gate.sync, &gate.pack, &gate.no_scalars, &gate.resume};
@@ -731,6 +742,19 @@ PyObject* planned_result(PyObject* out, PyObject* plan, int structure_at, int re
 
 #include "record.h"
 
+// a planned call's runtime values: its scalars, then its views' offsets, then (a view written
+// over its bucket) the true sizes; a new reference
+PyObject* runtime_values(PyObject* dyn, PyObject* offsets, PyObject* sizes) {
+  PyObject* vals = PyList_GET_SIZE(offsets) ? PySequence_Concat(dyn, offsets) : (Py_INCREF(dyn), dyn);
+  if (vals && sizes) {
+    PyObject* tail = PySequence_List(sizes);
+    PyObject* all = tail ? PySequence_Concat(vals, tail) : nullptr;
+    Py_XDECREF(tail);
+    Py_SETREF(vals, all);
+  }
+  return vals;
+}
+
 // fast(state, args, kwargs) -> result | NotImplemented
 //   state: (low, name, mode, scan_info) of one lowering. The call, served whole where it is a
 //   strict cache hit with a plan, or recorded (record.h) where defer_and_fuse records a signature
@@ -774,6 +798,8 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* key = nullptr;
   PyObject* out = nullptr;
   PyObject* compiled = nullptr;
+  PyObject* bucketed = nullptr;  // an extents.Bucketed the key found (`compiled`: its program, if it fits)
+  PyObject* sizes = nullptr;     // its true sizes, riding after the offsets
   if (entries && offsets && dyn && tensors) {
     Walk w{st.table, entries, offsets, dyn, tensors, {}};
     key = walk_key(w, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
@@ -789,6 +815,22 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     compiled = PyDict_GetItemWithError(gate.quick, key);
     if (!compiled && PyErr_Occurred()) goto done;
     Py_XINCREF(compiled);
+    if (compiled && Py_TYPE(compiled) == reinterpret_cast<PyTypeObject*>(gate.bucketed)) {
+      // a view written over its bucket: its program, with the true sizes after the offsets,
+      // where this call plans as the one it was found for did (else resume() plans it again)
+      bucketed = compiled;
+      compiled = nullptr;
+      PyObject* ok = PyObject_CallMethodOneArg(bucketed, s_fits, offsets);
+      const int fits = ok ? PyObject_IsTrue(ok) : -1;
+      Py_XDECREF(ok);
+      if (fits < 0) goto done;
+      if (fits) {
+        sizes = PyObject_GetAttr(bucketed, s_sizes);
+        if (!sizes) goto done;
+        compiled = PyObject_GetAttr(bucketed, s_compiled);
+        if (!compiled) goto done;
+      }
+    }
     if (compiled) {
       PyObject* mode = PyDict_GetItemWithError(gate.mode_state, s_mode);
       if (!mode) goto done;
@@ -804,9 +846,9 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         // defer_and_fuse: recorded here where its signature has a record plan
         plan = PyObject_GetAttr(compiled, s_rec);
         if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 5) {
-          PyObject* vals = PyList_GET_SIZE(offsets) ? PySequence_Concat(dyn, offsets) : dyn;  // offsets ride last
-          if (vals == dyn) Py_INCREF(vals);
+          PyObject* vals = runtime_values(dyn, offsets, sizes);  // offsets ride last, a bucket's sizes after them
           out = vals ? record_planned(compiled, plan, entries, vals, PyTuple_GET_ITEM(state, 1)) : nullptr;
+          if (out && out != Py_NotImplemented && sizes && add_to(st.counts, s_bucketed_view_ops, 1) < 0) Py_CLEAR(out);
           Py_XDECREF(vals);
           out = planned_result(out, plan, 1, 3, args, kwargs);
           Py_DECREF(plan);
@@ -821,8 +863,8 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
       }
       if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 6) {
         PyObject* packed;
-        if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets)) {
-          PyObject* vals = PySequence_Concat(dyn, offsets);  // offsets ride after the scalars
+        if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets) || sizes) {
+          PyObject* vals = runtime_values(dyn, offsets, sizes);  // offsets ride after the scalars
           packed = vals ? PyObject_CallFunctionObjArgs(gate.pack, vals, PyTuple_GET_ITEM(plan, 3), nullptr) : nullptr;
           Py_XDECREF(vals);
         } else {
@@ -831,6 +873,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         }
         if (packed) out = serve(compiled, entries, packed);
         Py_XDECREF(packed);
+        if (out && out != Py_NotImplemented && sizes && add_to(st.counts, s_bucketed_view_ops, 1) < 0) Py_CLEAR(out);
         out = planned_result(out, plan, 2, 4, args, kwargs);
         Py_DECREF(plan);
         if (!out) goto done;
@@ -841,12 +884,15 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         if (PyErr_Occurred()) goto done;
       }
     }
-    PyObject* rargs[] = {PyTuple_GET_ITEM(state, 0), args, a[2], key, compiled ? compiled : Py_None,
+    PyObject* found = bucketed ? bucketed : compiled;
+    PyObject* rargs[] = {PyTuple_GET_ITEM(state, 0), args, a[2], key, found ? found : Py_None,
                          entries, offsets, dyn, tensors};
     out = PyObject_Vectorcall(gate.resume, rargs, 9, nullptr);
   }
 done:
   Py_XDECREF(compiled);
+  Py_XDECREF(bucketed);
+  Py_XDECREF(sizes);
   Py_XDECREF(key);
   Py_XDECREF(entries);
   Py_XDECREF(offsets);
@@ -1078,7 +1124,7 @@ done:
 PyMethodDef methods[] = {
     {"configure_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_fast)), METH_FASTCALL,
      "configure_fast(quick, mode_state, spread, carried_seen, dynamic, checks, carried, profiler, sync, pack, "
-     "no_scalars, resume, get_precision, pack_offsets)"},
+     "no_scalars, resume, get_precision, pack_offsets, bucketed)"},
     {"graph_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(graph_fast)), METH_FASTCALL,
      "graph_fast(quick, args) -> results | NotImplemented"},
     {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,
@@ -1109,6 +1155,10 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit",
 
 PyMODINIT_FUNC PyInit__hit(void) {
   s_hit = PyUnicode_InternFromString("hit");
+  s_fits = PyUnicode_InternFromString("fits");
+  s_compiled = PyUnicode_InternFromString("compiled");
+  s_sizes = PyUnicode_InternFromString("sizes");
+  s_bucketed_view_ops = PyUnicode_InternFromString("bucketed_view_ops");
   s_mode = PyUnicode_InternFromString("mode");
   s_strict = PyUnicode_InternFromString("strict");
   s_device = PyUnicode_InternFromString("device");

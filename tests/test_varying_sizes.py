@@ -149,6 +149,63 @@ def test_a_window_past_the_storage_stays_exact():
     assert served == 0
 
 
+def _planned(monkeypatch):
+    """A list that grows by one per call extents.plan() decides (the executor's full path)."""
+    calls, plan = [], extents.plan
+    monkeypatch.setattr(extents, "plan", lambda *a: calls.append(1) or plan(*a))
+    return calls
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_a_written_view_of_sizes_seen_before_is_not_planned_again(mode, monkeypatch):
+    """A view written exact or over its bucket runs the same way at its next call of those
+    sizes: its quick key finds the program (and the true sizes), so only the first call of
+    each shape flattens and plans it."""
+    def steps(buf, row):
+        buf = buf.clone()
+        for k in range(3):
+            buf[:5, :12].fill_(-1.0 - k)  # a prefix: bucketed from the first call
+            buf[3].add_(row)  # a fresh whole operand: exact
+            buf[:9, :12].mul_(2)
+        return buf
+
+    buf, row = torch.randn(64, 96), torch.randn(96)
+    want = steps(buf, row)
+    torchtpu.clear_caches()
+    planned = _planned(monkeypatch)
+    args = buf.to("tpu"), row.to("tpu")
+    torchtpu.reset_metrics()
+    with torchtpu.eager_mode(mode):
+        got = steps(*args)
+    assert_values(got.cpu(), want, rtol=0, atol=0)
+    assert len(planned) == 3, len(planned)
+    # every call of the two prefixes ran over its bucket (counted by whichever path served it)
+    assert torchtpu.metrics()["bucketed_view_ops"] == 6
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_a_window_found_by_quick_key_stays_inside_its_storage(mode, monkeypatch):
+    """The quick key holds sizes, not offsets: a view of the same sizes further on, whose
+    bucket window would leave the storage, is planned again (and runs exact) rather than
+    over the window the first offset could take."""
+    def steps(buf):
+        buf = buf.clone()
+        for k in (1, 2, 20, 30, 35, 3, 34):
+            buf[k:k + 5].add_(float(k))  # a 16-element window: inside the 40 up to offset 24
+        return buf
+
+    buf = torch.randn(40, generator=torch.Generator().manual_seed(7))
+    want = steps(buf)
+    torchtpu.clear_caches()
+    planned = _planned(monkeypatch)
+    with torchtpu.eager_mode(mode):
+        got = steps(buf.to("tpu"))
+    assert_values(got.cpu(), want, rtol=0, atol=0)
+    # planned: the first call and 30 (past the window's room: exact), whose program its quick
+    # key finds from then on, for any offset
+    assert len(planned) == 2, len(planned)
+
+
 def test_turned_off(monkeypatch):
     monkeypatch.setattr(extents, "AFTER", 0)
     programs, served = _compiles(_fill_steps, torch.zeros(64, 96))

@@ -149,6 +149,7 @@ _MODE = modes.state
 _chit = tensors.hit  # csrc/hit.cpp: a planned strict hit in one C++ call (None: not built)
 _crec = tensors.record  # csrc/record.h: a planned defer_and_fuse record in one C++ call
 _NO_SCALARS = scalars.pack_cached((), ())
+_Bucketed = extents.Bucketed
 
 
 def _execute(low: Lowering, args, kwargs):
@@ -169,7 +170,13 @@ def _quick_hit(low, compiled, flat, args, kwargs):
     """Serve a call found by its quick key (`flat` has no leaves); _SLOW: the full path must."""
     if flat.offsets:
         flat.dyn += flat.offsets
-    if compiled.hit and _MODE["mode"] == "strict" and not _tprof._is_profiler_enabled:
+    if type(compiled) is _Bucketed:  # a view written over its bucket: the true sizes ride last
+        if not compiled.fits(flat.offsets):
+            return _SLOW
+        flat.dyn += compiled.sizes
+        metrics.bump("bucketed_view_ops")
+        compiled = compiled.compiled
+    elif compiled.hit and _MODE["mode"] == "strict" and not _tprof._is_profiler_enabled:
         hit = _chit(compiled, flat.entries,
                     scalars.pack_cached(flat.dyn, compiled.fn.codes) if flat.dyn else _NO_SCALARS)
         if hit is not NotImplemented:
@@ -182,7 +189,7 @@ def resume(low: Lowering, args, kwargs, key, compiled, entries, offsets, dyn, te
     found by it, or None), as execute() goes on from there."""
     try:
         if compiled is not None:
-            if compiled.updated is not None and _MODE["mode"] == "defer_and_fuse":
+            if type(compiled) is not _Bucketed and compiled.updated is not None and _MODE["mode"] == "defer_and_fuse":
                 # recorded (what _launch does for a traced signature, without a Flat)
                 compiled.used = next(clock)
                 if offsets:
@@ -215,7 +222,7 @@ def _full(low: Lowering, args, kwargs, q):
     if flat.offsets:
         flat.dyn += flat.offsets
     if bucketed is not None:
-        flat.leaves, bucketed, sizes = bucketed
+        flat.leaves, bucketed, sizes, planned = bucketed
         flat.dyn += sizes
     entries = flat.entries
     store_specs = flat.specs()
@@ -235,8 +242,10 @@ def _full(low: Lowering, args, kwargs, q):
         compiled.fn = jit_packed(compiled.program, scalars.layout(flat.dyn), fast_compile(compiled), compiled)
         _cache.admit(key, compiled)
     res = _launch(low, compiled, flat, args, kwargs, gen)
-    if q is not None and bucketed is None and (low.mode != "inplace" or not extents.may_bucket(low, flat, pos, kw)):
-        _cache.remember(q[0], key, compiled)
+    if q is not None:
+        # a view written exact or bucketed runs the same way at its next call of these sizes
+        # (extents.varying decides per distinct shape), so its quick key may skip the plan
+        _cache.remember(q[0], key, compiled, None if bucketed is None else _Bucketed(compiled, sizes, planned))
     return res
 
 
@@ -373,7 +382,7 @@ def _configure_fast():
     _hit.configure_fast(_quick, _MODE, _SPREAD, _CARRIED_SEEN, DYNAMIC, _checks.enabled_cell, CARRIED,
                         _tprof, lambda: precision.sync(_flush_for_precision), scalars.pack_cached,
                         _NO_SCALARS, resume, torch.get_float32_matmul_precision,
-                        functools.partial(np.asarray, dtype=np.int64))
+                        functools.partial(np.asarray, dtype=np.int64), _Bucketed)
     return _hit.fast
 
 

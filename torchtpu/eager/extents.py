@@ -156,15 +156,10 @@ def _partial_target(low, flat, pos, kw):
     return ti
 
 
-def may_bucket(low, flat, pos, kw) -> bool:
-    """Whether calls of this signature may be bucketed by plan(), now or once their shapes
-    vary (the executor's quick path leaves them to the full one, which keeps the history)."""
-    return _partial_target(low, flat, pos, kw) is not None
-
-
 def plan(low, flat, pos, kw):
-    """(bucketed leaves, spec for op_program.build, true sizes) for an in-place call over a
-    view whose extent varies, else None (the call runs on its exact shapes)."""
+    """(bucketed leaves, spec for op_program.build, true sizes, Bucketed's offset bounds) for
+    an in-place call over a view whose extent varies, else None (the call runs on its exact
+    shapes)."""
     if not AFTER:
         return None
     ti = _partial_target(low, flat, pos, kw)
@@ -198,7 +193,46 @@ def plan(low, flat, pos, kw):
         return None
     bump("bucketed_view_ops")
     new, pads, fits = done
-    return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes
+    return new, (ti, tuple(pads), tuple(fits), len(sizes)), sizes, (_bounds(flat, new, pads, fits), _history[skey])
+
+
+class Bucketed:
+    """What a call's quick key finds once plan() bucketed it, so that later calls of one shape
+    skip the flattening and planning that decided it (a mask sliced from a preallocated
+    buffer: 60-90 us a call in strict, 15 for a whole tensor): the program, the true sizes
+    that ride after its offsets, and what plan() would decide differently on:
+
+    - the offsets: the quick key holds every size, stride and storage size plan() read, but
+      not the runtime offsets; per leaf whose window was read as stored (`fit`), the largest
+      offset that keeps it inside its storage (past it, a clamped read: another program);
+    - the signature's history: a dim found to vary since, or a bucket tuple run at since
+      (buckets() may then pick another: the largest for a small window, which keeps a deferred
+      region's ops the same from step to step)."""
+
+    __slots__ = ("compiled", "sizes", "bounds", "seen", "marks")
+    hit = rec = None  # csrc/hit.cpp's fast() finds no plan here: executor.resume serves it
+
+    def __init__(self, compiled, sizes, planned):
+        self.compiled, self.sizes = compiled, tuple(sizes)
+        self.bounds, self.seen = planned
+        self.marks = (len(self.seen[2]), len(self.seen[3]))
+
+    def fits(self, offsets) -> bool:
+        """Whether this call plans as the one it was made for did (else the full path plans it)."""
+        seen = self.seen
+        return (len(seen[2]), len(seen[3])) == self.marks and all(offsets[i] <= top for i, top in self.bounds)
+
+
+def _bounds(flat, new, pads, fits) -> tuple:
+    """((index in flat.offsets, largest offset), ...) for Bucketed.fits."""
+    out, k = [], 0
+    for lf, grown, pad, fit in zip(flat.leaves, new, pads, fits):
+        if lf.offset is not None:
+            continue  # a static offset: in the quick key
+        if pad and fit:
+            out.append((k, flat.entries[lf.slot].numel - geometry.extent_of(grown.shape, lf.stride)))
+        k += 1
+    return tuple(out)
 
 
 def _overlaps(shape, stride) -> bool:

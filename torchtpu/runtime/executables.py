@@ -99,11 +99,12 @@ class Executables(dict):
             raise KeyError(key)
         return got
 
-    def remember(self, quick_key: Hashable, key: Hashable, exe) -> None:
-        """Let `quick_key` find `exe` (held under `key`) from now on; nothing when this cache
-        no longer holds it or the quick keys are at their bound."""
+    def remember(self, quick_key: Hashable, key: Hashable, exe, found=None) -> None:
+        """Let `quick_key` find `exe` (held under `key`), or `found` (what the caller serves
+        it with: eager/extents.Bucketed), from now on; nothing when this cache no longer
+        holds it or the quick keys are at their bound."""
         if len(self.by_quick_key) < _QUICK_MAX and self.get(key) is exe:
-            self.by_quick_key[quick_key] = exe
+            self.by_quick_key[quick_key] = exe if found is None else found
 
     def drop(self, key: Hashable) -> None:
         """Forget one executable (it failed: its next call compiles again)."""
