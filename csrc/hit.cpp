@@ -742,6 +742,22 @@ PyObject* planned_result(PyObject* out, PyObject* plan, int structure_at, int re
 
 #include "record.h"
 
+// whether one of the call's storage entries is among `marked` (a dict keyed by weak references:
+// eager/dynamism.py's storages of dynamic tensors); -1 with an error set. An entry without weak
+// references (a 0-dim CPU operand's) is none of them.
+int over_marked(PyObject* entries, PyObject* marked) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); ++i) {
+    PyObject* e = PyList_GET_ITEM(entries, i);
+    if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(e))) continue;
+    PyObject* ref = PyWeakref_NewRef(e, nullptr);  // (the object's basic reference, reused)
+    if (!ref) return -1;
+    const int in = PyDict_Contains(marked, ref);
+    Py_DECREF(ref);
+    if (in) return in;
+  }
+  return 0;
+}
+
 // a planned call's runtime values: its scalars, then its views' offsets, then (a view written
 // over its bucket) the true sizes; a new reference
 PyObject* runtime_values(PyObject* dyn, PyObject* offsets, PyObject* sizes) {
@@ -775,7 +791,13 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* state = a[0];
   PyObject* args = a[1];
   PyObject* kwargs = (a[2] != Py_None && PyDict_GET_SIZE(a[2]) > 0) ? a[2] : nullptr;
-  if (cell(gate.carried_seen) || cell(gate.spread) || PyList_GET_ITEM(gate.dynamic, 0) != Py_None) return not_here();
+  if (cell(gate.carried_seen) || cell(gate.spread)) return not_here();
+  // dynamic tensors exist: the walk's storages are looked up among theirs (below)
+  PyObject* marked = nullptr;
+  if (PyList_GET_ITEM(gate.dynamic, 0) != Py_None) {
+    marked = PyList_GET_SIZE(gate.dynamic) > 1 ? PyList_GET_ITEM(gate.dynamic, 1) : nullptr;
+    if (!marked || !PyDict_Check(marked)) return not_here();
+  }
   if (kwargs) {
     if (PyDict_GetItemWithError(kwargs, s_device)) return not_here();
     PyObject* dt = PyDict_GetItemWithError(kwargs, s_dtype_kw);
@@ -809,6 +831,14 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (key == Py_None) {  // an argument the walk does not read: the full path
     out = not_here();
     goto done;
+  }
+  if (marked) {
+    const int over = over_marked(entries, marked);
+    if (over < 0) goto done;
+    if (over) {  // the interceptor serves it (eager/dynamism.py)
+      out = not_here();
+      goto done;
+    }
   }
   {
     // held while Python runs below (a finalizer or a thread may empty the cache)

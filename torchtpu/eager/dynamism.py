@@ -845,6 +845,7 @@ def vary_args(low: Lowering, args, kwargs):
 
 executor.intercept("vary_args", vary_args)
 executor.intercept("vary_factory", vary_factory)
+executor.intercept("marked", _marked.data)  # (csrc/hit.cpp serves calls over no marked storage)
 
 
 def unpad_for_view(t: torch.Tensor) -> bool:

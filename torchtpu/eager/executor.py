@@ -58,8 +58,10 @@ vary_args = None
 _VARYING_ARGS = frozenset({"index_select", "embedding", "index.Tensor", "copy_"})
 # eager/dynamism.py's vary_factory: arange(n) whose length keeps changing, dynamic
 vary_factory = None
-# the "dynamic" interceptor again, where csrc/hit.cpp's gate reads it
-DYNAMIC = [None]
+# the "dynamic" interceptor again, and the storages dynamic tensors live in ("marked"), where
+# csrc/hit.cpp's gate reads them: while the interceptor is on, a call none of whose tensors is
+# over such a storage is served there as usual (else execute() hands it to the interceptor)
+DYNAMIC = [None, None]
 
 
 def intercept(name: str, fn) -> None:
@@ -77,6 +79,8 @@ def intercept(name: str, fn) -> None:
     - "grow_dynamic": fn(low, a, b, d, run) serves a cat growing a tensor (eager/growth.py)
     - "on_grown":     fn(t, d, n, bucket, step) after a bucketed growth (eager/growth.py)
     - "after_flush":  fn() after each defer_and_fuse region (eager/deferred.py)
+    - "marked":       not a function: the dict whose keys are weak references to the storage
+                      entries dynamic tensors live in (eager/dynamism.py's WeakKeyDictionary's)
     """
     global dynamic, vary_args, vary_factory
     if name == "dynamic":
@@ -89,6 +93,8 @@ def intercept(name: str, fn) -> None:
         growth.intercept(name, fn)
     elif name == "after_flush":
         deferred.intercept(name, fn)
+    elif name == "marked":
+        DYNAMIC[1] = fn
     else:
         raise ValueError(f"executor.intercept: no interceptor named {name!r}")
 
