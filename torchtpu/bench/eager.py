@@ -60,6 +60,8 @@ CASES = [
     ("matmul", (256, 256), lambda a, b: a @ b, lambda a, b: a @ b),
     ("view+add", (16, 16), lambda a, b: a.t() + b, lambda a, b: a.T + b),
     ("row add", (16, 16), lambda a, b: a[3] + b[5], lambda a, b: a[3] + b[5]),  # views at nonzero offsets
+    # in place into a corner of a buffer (a mask sliced from a preallocated one): over its bucket
+    ("view mul_", (64, 96), lambda a, b: a[:5, :12].mul_(1.0001), lambda a, b: a.at[:5, :12].multiply(1.0001)),
     ("sum", (16, 16), lambda a, b: a.sum(1), lambda a, b: a.sum(1)),
 ]
 
