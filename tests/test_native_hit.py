@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchtpu
-from conftest import assert_same, to_tpu
+from conftest import EAGER_MODES, assert_same, to_tpu
 from torchtpu.eager import executor
 from torchtpu.runtime import storage
 
@@ -293,3 +293,24 @@ def test_masked_outputs_on_a_hit_are_none_as_on_cpu(mask):
         assert [r is None for r in got] == [r is None for r in want]
         assert_same([r for r in got if r is not None], [r for r in want if r is not None], rtol=1e-5, atol=1e-6)
     assert _native_hits() >= before + 2
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+def test_calls_beside_a_dynamic_tensor_stay_native(mode, monkeypatch):
+    """While a dynamic tensor lives, calls over other tensors are served in C++ as before;
+    only calls over the dynamic one reach the interceptor, which runs them in its bucket."""
+    from torchtpu.eager import executor
+
+    x, y = _inputs(torch.float32)
+    d = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+    tx, ty = to_tpu((x, y))
+    with torchtpu.eager_mode(mode):
+        td = torchtpu.mark_dynamic(d.to("tpu"), 0)
+        tx + ty, td * 2  # (compiled, planned)
+        seen = []
+        inner = executor.dynamic
+        monkeypatch.setattr(executor, "dynamic", lambda low, *a: seen.append(low.name) or inner(low, *a))
+        for _ in range(3):
+            assert_same(tx + ty, x + y, rtol=0, atol=0)
+            assert_same(td * 2, d * 2, rtol=0, atol=0)
+    assert seen == ["mul.Tensor"] * 3, seen
