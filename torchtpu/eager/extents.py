@@ -157,9 +157,9 @@ def _partial_target(low, flat, pos, kw):
 
 
 def plan(low, flat, pos, kw):
-    """(bucketed leaves, spec for op_program.build, true sizes, Bucketed's offset bounds) for
-    an in-place call over a view whose extent varies, else None (the call runs on its exact
-    shapes)."""
+    """(bucketed leaves, spec for op_program.build, true sizes, (Bucketed's offset bounds, the
+    signature's history entry)) for an in-place call over a view whose extent varies, else
+    None (the call runs on its exact shapes)."""
     if not AFTER:
         return None
     ti = _partial_target(low, flat, pos, kw)
