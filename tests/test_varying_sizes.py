@@ -184,6 +184,29 @@ def test_a_written_view_of_sizes_seen_before_is_not_planned_again(mode, monkeypa
 
 
 @pytest.mark.parametrize("mode", EAGER_MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.int32, torch.bool], ids=str)
+def test_repeated_masks_found_by_quick_key_equal_cpu(mode, dtype, monkeypatch):
+    """The same corners filled and cut again step after step (a mask rebuilt per decode step
+    at one size), in every dtype class: served from their quick keys after the first."""
+    def steps(buf):
+        buf = buf.clone()
+        for k in range(4):
+            for q in (3, 7):
+                buf[:q, :q + 5].fill_(k % 2 == 0 if dtype == torch.bool else k - 1.5)
+                buf[:q, :q + 5].triu_(1)
+        return buf
+
+    buf = torch.zeros(16, 24, dtype=dtype)
+    want = steps(buf)
+    torchtpu.clear_caches()
+    planned = _planned(monkeypatch)
+    with torchtpu.eager_mode(mode):
+        got = steps(buf.to("tpu"))
+    assert_values(got.cpu(), want, rtol=0, atol=0)
+    assert len(planned) == 4, len(planned)  # each op at each size once
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
 def test_a_window_found_by_quick_key_stays_inside_its_storage(mode, monkeypatch):
     """The quick key holds sizes, not offsets: a view of the same sizes further on, whose
     bucket window would leave the storage, is planned again (and runs exact) rather than
