@@ -300,7 +300,23 @@ def test_calls_beside_a_dynamic_tensor_stay_native(mode, monkeypatch):
     """While a dynamic tensor lives, calls over other tensors are served in C++ as before;
     only calls over the dynamic one reach the interceptor, which runs them in its bucket."""
     from torchtpu.eager import executor
+    from torchtpu.runtime import placement
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
 
+    # the gate's other reasons off (sticky once an earlier test in this process met them:
+    # a carried dtype, a second device), as in a process that never met them
+    cells = (CARRIED_SEEN, placement.SPREAD)
+    was = [c[0] for c in cells]
+    for c in cells:
+        c[0] = False
+    try:
+        _beside_a_dynamic_tensor(mode, monkeypatch, executor)
+    finally:
+        for c, v in zip(cells, was):
+            c[0] = v
+
+
+def _beside_a_dynamic_tensor(mode, monkeypatch, executor):
     x, y = _inputs(torch.float32)
     d = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
     tx, ty = to_tpu((x, y))
