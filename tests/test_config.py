@@ -123,4 +123,5 @@ def test_import_time_variables_reach_their_modules():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == (
-        "debug True False False [('per_op', 5), ('regions', 3), ('total', 11)] 77 4 True 2 1048576 524288")
+        f"debug True False False [('per_op', 5), ('regions', 3), ('total', 11), ('total_bytes', {2048 << 20})] "
+        "77 4 True 2 1048576 524288")  # (total_bytes: TORCHTPU_MAX_EXECUTABLE_MB's default, 2048)
