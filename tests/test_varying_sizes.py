@@ -156,6 +156,20 @@ def _planned(monkeypatch):
     return calls
 
 
+def _planned_run(mode, monkeypatch, steps, *args):
+    """steps(*args) on CPU and, from empty caches, on tpu in `mode`: asserts they are equal
+    and returns how many calls extents.plan() decided on tpu."""
+    want = steps(*args)
+    torchtpu.clear_caches()
+    planned = _planned(monkeypatch)
+    args = [a.to("tpu") for a in args]
+    torchtpu.reset_metrics()
+    with torchtpu.eager_mode(mode):
+        got = steps(*args)
+    assert_values(got.cpu(), want, rtol=0, atol=0)
+    return len(planned)
+
+
 @pytest.mark.parametrize("mode", EAGER_MODES)
 def test_a_written_view_of_sizes_seen_before_is_not_planned_again(mode, monkeypatch):
     """A view written exact or over its bucket runs the same way at its next call of those
@@ -169,16 +183,8 @@ def test_a_written_view_of_sizes_seen_before_is_not_planned_again(mode, monkeypa
             buf[:9, :12].mul_(2)
         return buf
 
-    buf, row = torch.randn(64, 96), torch.randn(96)
-    want = steps(buf, row)
-    torchtpu.clear_caches()
-    planned = _planned(monkeypatch)
-    args = buf.to("tpu"), row.to("tpu")
-    torchtpu.reset_metrics()
-    with torchtpu.eager_mode(mode):
-        got = steps(*args)
-    assert_values(got.cpu(), want, rtol=0, atol=0)
-    assert len(planned) == 3, len(planned)
+    planned = _planned_run(mode, monkeypatch, steps, torch.randn(64, 96), torch.randn(96))
+    assert planned == 3, planned
     # every call of the two prefixes ran over its bucket (counted by whichever path served it)
     assert torchtpu.metrics()["bucketed_view_ops"] == 6
 
@@ -196,14 +202,8 @@ def test_repeated_masks_found_by_quick_key_equal_cpu(mode, dtype, monkeypatch):
                 buf[:q, :q + 5].triu_(1)
         return buf
 
-    buf = torch.zeros(16, 24, dtype=dtype)
-    want = steps(buf)
-    torchtpu.clear_caches()
-    planned = _planned(monkeypatch)
-    with torchtpu.eager_mode(mode):
-        got = steps(buf.to("tpu"))
-    assert_values(got.cpu(), want, rtol=0, atol=0)
-    assert len(planned) == 4, len(planned)  # each op at each size once
+    planned = _planned_run(mode, monkeypatch, steps, torch.zeros(16, 24, dtype=dtype))
+    assert planned == 4, planned  # each op at each size once
 
 
 @pytest.mark.parametrize("mode", EAGER_MODES)
@@ -217,16 +217,10 @@ def test_a_window_found_by_quick_key_stays_inside_its_storage(mode, monkeypatch)
             buf[k:k + 5].add_(float(k))  # a 16-element window: inside the 40 up to offset 24
         return buf
 
-    buf = torch.randn(40, generator=torch.Generator().manual_seed(7))
-    want = steps(buf)
-    torchtpu.clear_caches()
-    planned = _planned(monkeypatch)
-    with torchtpu.eager_mode(mode):
-        got = steps(buf.to("tpu"))
-    assert_values(got.cpu(), want, rtol=0, atol=0)
+    planned = _planned_run(mode, monkeypatch, steps, torch.randn(40, generator=torch.Generator().manual_seed(7)))
     # planned: the first call and 30 (past the window's room: exact), whose program its quick
     # key finds from then on, for any offset
-    assert len(planned) == 2, len(planned)
+    assert planned == 2, planned
 
 
 def test_turned_off(monkeypatch):
