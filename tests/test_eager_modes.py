@@ -302,3 +302,45 @@ def test_flush_is_invisible_to_user_dispatch_modes(defer):
         torch.tpu.synchronize()
     assert log.ops == []
     assert torch.equal(c.cpu(), torch.cat([a.cpu(), b.cpu()]) * 2)
+
+
+def test_a_host_read_waits_for_the_flush_another_thread_is_running(defer, monkeypatch):
+    # A flush swaps in an empty region, then runs the old one with the lock held (XLA lets go
+    # of the GIL). A thread reading one of that region's values finds nothing recorded: it
+    # must wait for the lock, not read the storage's Pending as if it were an array.
+    from torchtpu.runtime import launcher, pending
+
+    x = torch.randn(6, 6, device="tpu")
+    want = x.cpu() * 2 + 1
+    r = x * 2 + 1  # pending
+    reader_reached = threading.Event()
+    flusher = threading.current_thread()
+    real_launch, real_materialize = launcher.launch, pending._materialize[0]
+    got = []
+
+    def read():
+        try:
+            got.append(r.cpu())
+        except Exception as e:  # reported below, not lost in the thread
+            got.append(e)
+
+    reader = threading.Thread(target=read)
+
+    def launch(*a, **k):  # the flushing thread, its region swapped out: the reader asks for r now
+        if threading.current_thread() is flusher and not reader.is_alive() and not got:
+            reader.start()
+            reader_reached.wait(30)  # (a safety bound: a reader that never gets there fails below)
+        return real_launch(*a, **k)
+
+    def materialize(reason):
+        if threading.current_thread() is reader:
+            reader_reached.set()
+        return real_materialize(reason)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(pending, "_materialize", [materialize])
+    deferred.flush("test")
+    reader.join()
+    assert reader_reached.is_set()
+    assert len(got) == 1 and isinstance(got[0], torch.Tensor), got
+    assert torch.equal(got[0], want)

@@ -447,17 +447,24 @@ def flush(reason: str) -> None:
     torch itself (dtype promotion, host-side tensors), and a flush that no dispatched op
     triggers (a synchronize, a compiled graph reading a pending input) would otherwise show
     those calls to whatever mode is active, such as selective activation checkpointing's,
-    which counts the ops of a block to replay them in backward."""
-    if not _graph.nodes:
-        return
-    from torch.utils._python_dispatch import _disable_current_modes
+    which counts the ops of a block to replay them in backward.
 
-    with _disable_current_modes():
-        if placement.spread():
-            with placement.on(_graph.device):
+    Taken under the lock even when nothing is recorded: another thread's flush swaps in
+    an empty region before it runs the old one (the lock held, the GIL let go while XLA
+    runs), and a caller whose Pending is one of that region's must wait for its arrays,
+    not return and read the Pending as if it were one (3 threads recording at once read a
+    Pending through numpy: "cannot reshape array of size 1")."""
+    with _lock:
+        if not _graph.nodes:
+            return
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            if placement.spread():
+                with placement.on(_graph.device):
+                    _flush(reason)
+            else:
                 _flush(reason)
-        else:
-            _flush(reason)
 
 
 def _flush(reason: str) -> None:

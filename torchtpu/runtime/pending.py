@@ -73,10 +73,15 @@ def concrete(entry, reason: str):
     """The entry's buffer as an array (or None, never written): a pending one is computed
     first (`reason` is counted as the materialization's cause), a failed one raises."""
     b = entry.buf
-    tb = type(b)
-    if tb is Pending:
+    tries = 0
+    while type(b) is Pending:
+        # (again only when another thread recorded a new write into this storage meanwhile)
+        if tries == 8:
+            raise RuntimeError(f"torchtpu: a deferred buffer was still pending after {tries} runs of its region "
+                               f"({reason}): other threads keep writing this storage")
         _materialize[0](reason)
         b = entry.buf
-    elif tb is Failed:
+        tries += 1
+    if type(b) is Failed:
         b.raise_()
     return b
