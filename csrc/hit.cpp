@@ -33,6 +33,8 @@
 //   compiled graph: see below
 // configure_record(...)
 //   what defer_and_fuse's record acts on (csrc/record.h)
+// Kernel(state, check, after, full, first_seen)
+//   an op's registered kernel calling fast() without a Python frame (csrc/kernel.h)
 #include "walk.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -931,6 +933,8 @@ done:
   return out;
 }
 
+#include "kernel.h"
+
 // ---- a compiled graph's call -----------------------------------------------------------
 
 // compile/runtime._quick_scan's key item of one graph input, or NotImplemented (a CPU tensor, a
@@ -1217,5 +1221,14 @@ PyMODINIT_FUNC PyInit__hit(void) {
   empty_tuple = PyTuple_New(0);
   s_itemsize = PyUnicode_InternFromString("itemsize");
   s_zero_index = PyLong_FromLong(0);
-  return PyModule_Create(&module);
+  if (kernel_type_init() < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module);
+  if (!m) return nullptr;
+  Py_INCREF(&KernelType);
+  if (PyModule_AddObject(m, "Kernel", reinterpret_cast<PyObject*>(&KernelType)) < 0) {
+    Py_DECREF(&KernelType);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

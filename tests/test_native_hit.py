@@ -186,6 +186,34 @@ def test_metrics_count_a_hit_as_the_python_path_does():
     assert n["native_hits"] == m.get("native_hits", 0) + 1
 
 
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_planned_call_runs_no_python_of_ours(mode):
+    # the op's registered kernel is csrc/kernel.h's, calling fast() itself: a planned strict hit
+    # or defer_and_fuse record runs no torchtpu Python function (alpha's check is one: add
+    # runs it, as CPU checks alpha; mul has none)
+    import sys
+
+    x, y = torch.randn(4, 4, device="tpu"), torch.randn(4, 4, device="tpu")
+    ran = []
+
+    def profile(frame, event, arg):
+        if event == "call" and "torchtpu" in frame.f_code.co_filename:
+            ran.append(frame.f_code.co_name)
+
+    with torchtpu.eager_mode(mode):
+        for _ in range(3):  # planned by now
+            z = x * y
+        sys.setprofile(profile)
+        try:
+            z = x * y
+        finally:
+            sys.setprofile(None)
+        assert ran == []
+        assert_same(z, x.cpu() * y.cpu())
+        with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+            torch.add(x.int(), y.int(), alpha=1.5)  # the op's check, run from C++
+
 def test_random_and_own_path_ops_take_the_python_path():
     from torchtpu.ops.registry import LOWERINGS
     assert executor.fast_path(LOWERINGS["add.Tensor"]) is not None

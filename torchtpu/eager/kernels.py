@@ -63,8 +63,6 @@ def _functional_kernel(low: Lowering):
             except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
                 return carried.call(op, args, kwargs, lambda a, k: checked(*a, **k))
 
-        return checked
-
     def kernel(*args, **kwargs):
         if _SEEN[0] and carried.involved(args, kwargs):
             return carried.call(op, args, kwargs, lambda a, k: execute(low, a, k))
@@ -77,9 +75,21 @@ def _functional_kernel(low: Lowering):
         except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
             return carried.call(op, args, kwargs, lambda a, k: execute(low, a, k))
 
-    if low.name == "complex":  # two float16 tensors make a complex32
+    if low.name == "complex":  # two float16 tensors make a complex32 (an op without a check)
         return lambda real, imag: carried.complex_of_halves(real, imag, kernel)
-    return kernel
+    full = kernel if check is None else checked
+    if fast is None or tensors.native is None:
+        return full
+
+    def after(*args, **kwargs):  # the call fast() handed back: the executor's full path
+        try:
+            return execute(low, args, kwargs)
+        except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
+            return carried.call(op, args, kwargs, lambda a, k: full(*a, **k))
+
+    # fast() called from C++ without this module's Python frame (csrc/kernel.h); `full` serves
+    # every call once a carried dtype was seen
+    return tensors.native.Kernel(state, check, after, full, carried.FirstSeen)
 
 
 def _masked_kernel(low: Lowering):
