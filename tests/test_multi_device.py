@@ -66,6 +66,7 @@ def test_device_apis_take_a_device(four):
     assert four["generators"] == {"count": 4, "devices": [0, 1, 2, 3], "repeat": True,
                                   "per_device": True, "state": True}, four["generators"]
     assert four["streams"] == [3, 3, 1], four["streams"]
+    assert four["accelerator"] == {"memory": [4096, 4096, 0], "streams": [3, 1, 3]}, four["accelerator"]
     assert four["properties"] == [True, True, True, True], four["properties"]
 
 
@@ -280,6 +281,14 @@ def four_devices(mode: str) -> dict:
     out["memory"] = {"on_2": torch.tpu.memory_allocated(2) - base[2],
                      "on_3": torch.tpu.memory_allocated("tpu:3") - base[3],
                      "others": sum(torch.tpu.memory_allocated(i) - base[i] for i in (0, 1))}
+    # torch.accelerator's functions answer for the device they are asked about, not the current one
+    torch.accelerator.synchronize("tpu:2")
+    out["accelerator"] = {
+        "memory": [torch.accelerator.memory_allocated(2) - base[2],
+                   torch.accelerator.memory_allocated(torch.device("tpu", 2)) - base[2],
+                   torch.accelerator.memory.memory_stats(3)["allocated_bytes.all.current"] - base[3]],
+        "streams": [torch.accelerator.current_stream(torch.device("tpu", i)).device_index for i in (3, 1, 3)],
+    }
     del big
     torch.manual_seed(5)
     r1 = torch.randn(3, device="tpu:1").cpu()

@@ -24,15 +24,27 @@ def _on_tpu(device) -> bool:
     return torch.device(device).type == "tpu"
 
 
-def _route(namespaces, name: str, ours) -> None:
+def _route(namespaces, name: str, ours, by_device: bool = False) -> None:
+    """torch.accelerator.<name> served by `ours(device)` for a tpu device (None: the current
+    one). `by_device`: its answer for an explicit torch.device is always the same (a device's
+    one stream), kept per device."""
     orig = getattr(namespaces[0], name)
     if getattr(orig, "_torchtpu", False):
         return
+    known: dict = {}
 
     @functools.wraps(orig)
     def routed(*args, **kwargs):
-        if _on_tpu(args[0] if args else kwargs.get("device", kwargs.get("device_index"))):
-            return ours()
+        device = args[0] if args else kwargs.get("device", kwargs.get("device_index"))
+        if type(device) is torch.device:  # (Dynamo asks this on every call of a compiled function)
+            got = known.get(device)
+            if got is not None:
+                return got
+        if _on_tpu(device):
+            got = ours(device)
+            if by_device and type(device) is torch.device and device.index is not None:
+                known[device] = got
+            return got
         return orig(*args, **kwargs)
 
     routed._torchtpu = True
@@ -41,10 +53,12 @@ def _route(namespaces, name: str, ours) -> None:
             setattr(ns, name, routed)
 
 
-def _tpu(name: str):
+def _tpu(name: str, takes_device: bool = True):
     """torch.tpu.<name>, looked up at the call: under autoload torch.tpu loads torchtpu on
     first use (device/lazy.py), and this is installed before then."""
-    return lambda: getattr(torch.tpu, name)()
+    if takes_device:
+        return lambda device: getattr(torch.tpu, name)(device)
+    return lambda device: getattr(torch.tpu, name)()
 
 
 def install() -> None:
@@ -53,13 +67,13 @@ def install() -> None:
 
     both = (acc, accmem)
     _route((acc,), "synchronize", _tpu("synchronize"))
-    _route((acc,), "get_device_capability", lambda: {
+    _route((acc,), "get_device_capability", lambda device: {
         "supported_dtypes": {torch.float32, torch.float64, torch.float16, torch.bfloat16,
                              torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
                              torch.bool, torch.complex64}})
-    _route((acc,), "current_stream", _tpu("current_stream"))
+    _route((acc,), "current_stream", _tpu("current_stream"), by_device=True)
     _route(both, "memory_stats", _tpu("memory_stats"))
     _route(both, "reset_peak_memory_stats", _tpu("reset_peak_memory_stats"))
-    _route(both, "reset_accumulated_memory_stats", lambda: None)
-    _route(both, "empty_cache", _tpu("empty_cache"))
+    _route(both, "reset_accumulated_memory_stats", lambda device: None)
+    _route(both, "empty_cache", _tpu("empty_cache", takes_device=False))
     _route(both, "get_memory_info", _tpu("mem_get_info"))
