@@ -40,7 +40,7 @@ def _eager_program(name):
     for c in compiled.fn.codes:
         counts[c] += 1
     packed = tuple(jax.ShapeDtypeStruct((n,), executor._PACKED_DTYPES[k]) if n else None
-                   for k, n in enumerate(counts))
+                   for k, n in enumerate(counts)) if any(counts) else None
     return compiled.fn, (bufs, packed, ())
 
 

@@ -185,7 +185,7 @@ def abstract(compiled: Compiled, entries, random: bool) -> None:
         counts[c] += 1
     packed = tuple(
         jax.ShapeDtypeStruct((n,), PACKED_DTYPES[k]) if n else None for k, n in enumerate(counts)
-    )
+    ) if any(counts) else None  # (eager/scalars.pack: no scalars pack to None)
     _, updated, _ = compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
     compiled.updated = tuple(sorted(updated))
     metrics.bump("abstract_evals")

@@ -43,10 +43,13 @@ _EXACT_MAX = 4096
 _exact: dict = _caches.register("exact scalar packs", {})  # emptied at _EXACT_MAX
 
 
-_NONE = (None, None, None, None)  # no runtime scalars: every kind empty
+# No runtime scalars: None, not a tuple of four empty kinds. Every call of a program passes
+# the same structure (its layout, part of its key, says which), and jax.jit's dispatch walks
+# each argument's tree on every call: four Nones cost ~0.2 us of a ~4.5 us op call here.
+_NONE = None
 
 
-def pack_cached(values, codes) -> tuple:
+def pack_cached(values, codes) -> tuple | None:
     """pack() for one op's own executable: repeatable packs come from the cache."""
     if not values:
         return _NONE
@@ -61,8 +64,10 @@ def pack_cached(values, codes) -> tuple:
     return got
 
 
-def pack(values, codes) -> tuple:
-    """One numpy array per kind (empty kinds are None)."""
+def pack(values, codes) -> tuple | None:
+    """One numpy array per kind (empty kinds are None); None for no values."""
+    if not values:
+        return None
     buckets = ([], [], [], [])
     for v, c in zip(values, codes):
         buckets[c].append(v)
