@@ -164,6 +164,70 @@ bool int_vector(PyObject* tup, std::vector<int64_t>& out) {
   return !PyErr_Occurred();
 }
 
+PyObject* released_entry(PyObject* key, PyObject* entry);
+
+// The storage weakref's callback of an entry made here: released_entry(key, entry) when the
+// storage dies. (functools.partial(released, key, entry) did the same at the cost of a
+// partial made per new tensor and its call per freed one.) The entry holds the weakref that
+// holds this, a cycle released_entry breaks; traversed, so the cyclic GC sees it meanwhile.
+struct ReleaseObject {
+  PyObject_HEAD
+  PyObject* key;
+  PyObject* entry;
+};
+
+PyObject* release_call(PyObject* self_, PyObject* args, PyObject*) {
+  auto* self = reinterpret_cast<ReleaseObject*>(self_);
+  (void)args;  // (the dead weakref)
+  return released_entry(self->key, self->entry);
+}
+
+int release_traverse(PyObject* self_, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<ReleaseObject*>(self_);
+  Py_VISIT(self->key);
+  Py_VISIT(self->entry);
+  return 0;
+}
+
+int release_clear(PyObject* self_) {
+  auto* self = reinterpret_cast<ReleaseObject*>(self_);
+  Py_CLEAR(self->key);
+  Py_CLEAR(self->entry);
+  return 0;
+}
+
+void release_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  release_clear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyTypeObject ReleaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+int release_type_init() {
+  ReleaseType.tp_name = "torchtpu.runtime._hit.Release";
+  ReleaseType.tp_basicsize = sizeof(ReleaseObject);
+  ReleaseType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  ReleaseType.tp_doc = "A storage weakref's callback: its entry let go (csrc/hit.cpp)";
+  ReleaseType.tp_call = release_call;
+  ReleaseType.tp_traverse = release_traverse;
+  ReleaseType.tp_clear = release_clear;
+  ReleaseType.tp_dealloc = release_dealloc;
+  return PyType_Ready(&ReleaseType);
+}
+
+// a new Release(key, entry), or nullptr
+PyObject* new_release(PyObject* key, PyObject* entry) {
+  auto* r = PyObject_GC_New(ReleaseObject, &ReleaseType);
+  if (!r) return nullptr;
+  Py_INCREF(key);
+  Py_INCREF(entry);
+  r->key = key;
+  r->entry = entry;
+  PyObject_GC_Track(r);
+  return reinterpret_cast<PyObject*>(r);
+}
+
 // storage.attach for a new tensor on device 0: its entry (numel, npdtype, buf) in the table,
 // watched by a weakref on the storage's Python object, its bytes counted. A new reference to
 // the entry, or nullptr with an error set.
@@ -183,7 +247,7 @@ PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject
   Py_XDECREF(nbytes);
   Py_XDECREF(size);
   Py_XDECREF(n);
-  PyObject* cb = entry ? PyObject_CallFunctionObjArgs(st.partial, st.released, key, entry, nullptr) : nullptr;
+  PyObject* cb = entry ? new_release(key, entry) : nullptr;
   PyObject* ref = cb ? PyWeakref_NewRef(storage, cb) : nullptr;
   Py_XDECREF(cb);
   Py_DECREF(storage);
@@ -275,16 +339,19 @@ int tidy_parked() {
 
 // storage._release for an entry of device 0 without a device address (other entries: the
 // Python function): drop it from the table, uncount its bytes, break the entry -> weakref
-// cycle, park its buffer for synchronize(). Called as the storage weakref's callback:
-// released(key, entry, ref) (bound by functools.partial). No JAX calls here (see inflight.py).
+// cycle, park its buffer for synchronize(). Called as the storage weakref's callback (a
+// Release of the entry; `released(key, entry, ref)` from Python). No JAX calls here (see
+// inflight.py).
 PyObject* released(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (n != 3) {
     PyErr_SetString(PyExc_TypeError, "released(key, entry, ref)");
     return nullptr;
   }
+  return released_entry(a[0], a[1]);
+}
+
+PyObject* released_entry(PyObject* key, PyObject* entry) {
   if (Py_IsFinalizing() || !st.table) Py_RETURN_NONE;  // interpreter exit: the process frees it all
-  PyObject* key = a[0];
-  PyObject* entry = a[1];
   PyObject* index = PyObject_GetAttr(entry, s_index);
   PyObject* addr = index ? PyObject_GetAttr(entry, s_addr) : nullptr;
   if (!addr) {
@@ -1221,7 +1288,7 @@ PyMODINIT_FUNC PyInit__hit(void) {
   empty_tuple = PyTuple_New(0);
   s_itemsize = PyUnicode_InternFromString("itemsize");
   s_zero_index = PyLong_FromLong(0);
-  if (kernel_type_init() < 0) return nullptr;
+  if (kernel_type_init() < 0 || release_type_init() < 0) return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
   Py_INCREF(&KernelType);
