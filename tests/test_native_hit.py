@@ -22,6 +22,24 @@ def _native_hits() -> int:
     return torchtpu.metrics().get("native_hits", 0)
 
 
+@pytest.fixture
+def gate_open():
+    """The C++ gate's sticky reasons off for the test (a carried dtype or a second device seen
+    by an earlier test in this process closes it for good), as in a process that never met them."""
+    from torchtpu.runtime import placement
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
+
+    cells = (CARRIED_SEEN, placement.SPREAD)
+    was = [c[0] for c in cells]
+    for c in cells:
+        c[0] = False
+    try:
+        yield
+    finally:
+        for c, v in zip(cells, was):
+            c[0] = v
+
+
 def _inputs(dtype):
     g = torch.Generator().manual_seed(1)
     if dtype == torch.bool:
@@ -188,7 +206,7 @@ def test_metrics_count_a_hit_as_the_python_path_does():
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
-def test_a_planned_call_runs_no_python_of_ours(mode):
+def test_a_planned_call_runs_no_python_of_ours(mode, gate_open):
     # the op's registered kernel is csrc/kernel.h's, calling fast() itself: a planned strict hit
     # or defer_and_fuse record runs no torchtpu Python function (alpha's check is one: add
     # runs it, as CPU checks alpha; mul has none)
@@ -324,24 +342,12 @@ def test_masked_outputs_on_a_hit_are_none_as_on_cpu(mask):
 
 
 @pytest.mark.parametrize("mode", EAGER_MODES)
-def test_calls_beside_a_dynamic_tensor_stay_native(mode, monkeypatch):
+def test_calls_beside_a_dynamic_tensor_stay_native(mode, monkeypatch, gate_open):
     """While a dynamic tensor lives, calls over other tensors are served in C++ as before;
     only calls over the dynamic one reach the interceptor, which runs them in its bucket."""
     from torchtpu.eager import executor
-    from torchtpu.runtime import placement
-    from torchtpu.runtime.jaxenv import CARRIED_SEEN
 
-    # the gate's other reasons off (sticky once an earlier test in this process met them:
-    # a carried dtype, a second device), as in a process that never met them
-    cells = (CARRIED_SEEN, placement.SPREAD)
-    was = [c[0] for c in cells]
-    for c in cells:
-        c[0] = False
-    try:
-        _beside_a_dynamic_tensor(mode, monkeypatch, executor)
-    finally:
-        for c, v in zip(cells, was):
-            c[0] = v
+    _beside_a_dynamic_tensor(mode, monkeypatch, executor)
 
 
 def _beside_a_dynamic_tensor(mode, monkeypatch, executor):
