@@ -715,6 +715,7 @@ struct Gate {
   PyObject* sync = nullptr;          // () -> None: precision.sync with the executor's flush
   PyObject* pack = nullptr;          // scalars.pack_cached(values, codes)
   PyObject* no_scalars = nullptr;    // what pack_cached gives for no values
+  PyObject* exact = nullptr;         // scalars._exact: pack_cached's packs by (codes, values)
   PyObject* resume = nullptr;        // executor.resume(low, args, kwargs, key, compiled, entries, offsets, dyn, tensors)
   int precision = -1;                // float32 matmul precision at the last sync
   PyObject* precision_name = nullptr;  // torch.get_float32_matmul_precision() then
@@ -740,10 +741,16 @@ bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
 }
 
 PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 15) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: 15 arguments");
+  if (n != 16) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: 16 arguments");
     return nullptr;
   }
+  if (!PyDict_CheckExact(a[15])) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: the packs by key (a dict)");
+    return nullptr;
+  }
+  Py_INCREF(a[15]);
+  Py_XSETREF(gate.exact, a[15]);
   if (!PyType_Check(a[14])) {
     PyErr_SetString(PyExc_TypeError, "configure_fast: the Bucketed type");
     return nullptr;
@@ -838,6 +845,21 @@ PyObject* runtime_values(PyObject* dyn, PyObject* offsets, PyObject* sizes) {
     Py_SETREF(vals, all);
   }
   return vals;
+}
+
+// scalars.pack_cached's common case: the device arrays it keeps for (codes, values), found
+// without calling it (a new reference); nullptr, no error set, where it has none (it is then
+// called: it decides what may be kept; only its own entries are in the dict, so a value it
+// never keeps, a float zero or NaN, finds nothing here)
+PyObject* cached_pack(PyObject* vals, PyObject* codes) {
+  PyObject* tv = PySequence_Tuple(vals);
+  PyObject* key = tv ? PyTuple_Pack(2, codes, tv) : nullptr;
+  Py_XDECREF(tv);
+  if (!key) return nullptr;
+  PyObject* got = PyDict_GetItemWithError(gate.exact, key);  // borrowed
+  Py_DECREF(key);
+  Py_XINCREF(got);
+  return got;
 }
 
 // fast(state, args, kwargs) -> result | NotImplemented
@@ -964,7 +986,9 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         PyObject* packed;
         if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets) || sizes) {
           PyObject* vals = runtime_values(dyn, offsets, sizes);  // offsets ride after the scalars
-          packed = vals ? PyObject_CallFunctionObjArgs(gate.pack, vals, PyTuple_GET_ITEM(plan, 3), nullptr) : nullptr;
+          packed = vals ? cached_pack(vals, PyTuple_GET_ITEM(plan, 3)) : nullptr;
+          if (vals && !packed && !PyErr_Occurred())
+            packed = PyObject_CallFunctionObjArgs(gate.pack, vals, PyTuple_GET_ITEM(plan, 3), nullptr);
           Py_XDECREF(vals);
         } else {
           packed = gate.no_scalars;
@@ -1225,7 +1249,7 @@ done:
 PyMethodDef methods[] = {
     {"configure_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_fast)), METH_FASTCALL,
      "configure_fast(quick, mode_state, spread, carried_seen, dynamic, checks, carried, profiler, sync, pack, "
-     "no_scalars, resume, get_precision, pack_offsets, bucketed)"},
+     "no_scalars, resume, get_precision, pack_offsets, bucketed, exact)"},
     {"graph_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(graph_fast)), METH_FASTCALL,
      "graph_fast(quick, args) -> results | NotImplemented"},
     {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,

@@ -388,7 +388,7 @@ def _configure_fast():
     _hit.configure_fast(_quick, _MODE, _SPREAD, _CARRIED_SEEN, DYNAMIC, _checks.enabled_cell, CARRIED,
                         _tprof, lambda: precision.sync(_flush_for_precision), scalars.pack_cached,
                         _NO_SCALARS, resume, torch.get_float32_matmul_precision,
-                        functools.partial(np.asarray, dtype=np.int64), _Bucketed)
+                        functools.partial(np.asarray, dtype=np.int64), _Bucketed, scalars.exact_packs())
     return _hit.fast
 
 

@@ -64,6 +64,12 @@ def pack_cached(values, codes) -> tuple | None:
     return got
 
 
+def exact_packs() -> dict:
+    """pack_cached's packs by (codes, tuple(values)): csrc/hit.cpp looks a call's up there
+    before calling pack_cached (emptied in place, never replaced)."""
+    return _exact
+
+
 def pack(values, codes) -> tuple | None:
     """One numpy array per kind (empty kinds are None); None for no values."""
     if not values:
