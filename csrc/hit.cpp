@@ -10,19 +10,16 @@
 // Python code states (it stays: it serves every case this does not: other devices, strides,
 // carried dtypes, in-place ops, check flags, the profiler, errors):
 //
-// configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type,
-//           lock, release, max_parked, tidy_step)
+// configure(table, stats, counts, clock, parked, tidy, entry_type, array_type, lock, release,
+//           max_parked, tidy_step)
 //   the Python state these functions act on: storage.table, device 0's allocation stats,
-//   metrics' counters, executables.clock, the storage weakref's callback (key, entry, ref:
-//   this module's released), functools.partial, inflight.parked_buffers and inflight.tidy,
+//   metrics' counters, executables.clock, inflight.parked_buffers and inflight.tidy,
 //   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock,
 //   storage._release (the callback's general case) and inflight's two bounds
 // new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)
 //   a contiguous tpu tensor on device 0 over a new storage entry holding `buf`
 // alias(base, shape, stride, offset, dtype) -> tensor
 //   a view of `base`'s storage on device 0 with that geometry (tensors.alias)
-// released(key, entry, ref)
-//   storage._release's common case, as the storage weakref's callback
 // hit(compiled, entries, packed) -> result | NotImplemented
 //   runs compiled.hit (the plan eager/executor.py made after the op's first run) on the
 //   entries' buffers and the packed runtime scalars; NotImplemented where the Python path
@@ -48,6 +45,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "held.h"
 #include "slots.h"
 
 namespace {
@@ -59,8 +57,6 @@ struct State {
   PyObject* stats = nullptr;
   PyObject* counts = nullptr;
   PyObject* clock = nullptr;
-  PyObject* released = nullptr;
-  PyObject* partial = nullptr;
   PyObject* parked = nullptr;
   PyObject* tidy = nullptr;
   PyObject* entry_type = nullptr;
@@ -166,66 +162,15 @@ bool int_vector(PyObject* tup, std::vector<int64_t>& out) {
 
 PyObject* released_entry(PyObject* key, PyObject* entry);
 
-// The storage weakref's callback of an entry made here: released_entry(key, entry) when the
-// storage dies. (functools.partial(released, key, entry) did the same at the cost of a
-// partial made per new tensor and its call per freed one.) The entry holds the weakref that
-// holds this, a cycle released_entry breaks; traversed, so the cyclic GC sees it meanwhile.
-struct ReleaseObject {
-  PyObject_HEAD
-  PyObject* key;
-  PyObject* entry;
-};
-
-PyObject* release_call(PyObject* self_, PyObject* args, PyObject*) {
-  auto* self = reinterpret_cast<ReleaseObject*>(self_);
-  (void)args;  // (the dead weakref)
-  return released_entry(self->key, self->entry);
-}
-
-int release_traverse(PyObject* self_, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<ReleaseObject*>(self_);
-  Py_VISIT(self->key);
-  Py_VISIT(self->entry);
-  return 0;
-}
-
-int release_clear(PyObject* self_) {
-  auto* self = reinterpret_cast<ReleaseObject*>(self_);
-  Py_CLEAR(self->key);
-  Py_CLEAR(self->entry);
-  return 0;
-}
-
-void release_dealloc(PyObject* self) {
-  PyObject_GC_UnTrack(self);
-  release_clear(self);
-  Py_TYPE(self)->tp_free(self);
-}
-
+// The storage weakref's callback of an entry made here, Release(key, entry) (csrc/held.h):
+// released_entry(key, entry) when the storage dies. (functools.partial(released, key, entry)
+// did the same at the cost of a partial made per new tensor and its call per freed one.) The
+// entry holds the weakref that holds this, a cycle released_entry breaks; traversed, so the
+// cyclic GC sees it meanwhile.
 PyTypeObject ReleaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-int release_type_init() {
-  ReleaseType.tp_name = "torchtpu.runtime._hit.Release";
-  ReleaseType.tp_basicsize = sizeof(ReleaseObject);
-  ReleaseType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  ReleaseType.tp_doc = "A storage weakref's callback: its entry let go (csrc/hit.cpp)";
-  ReleaseType.tp_call = release_call;
-  ReleaseType.tp_traverse = release_traverse;
-  ReleaseType.tp_clear = release_clear;
-  ReleaseType.tp_dealloc = release_dealloc;
-  return PyType_Ready(&ReleaseType);
-}
-
-// a new Release(key, entry), or nullptr
-PyObject* new_release(PyObject* key, PyObject* entry) {
-  auto* r = PyObject_GC_New(ReleaseObject, &ReleaseType);
-  if (!r) return nullptr;
-  Py_INCREF(key);
-  Py_INCREF(entry);
-  r->key = key;
-  r->entry = entry;
-  PyObject_GC_Track(r);
-  return reinterpret_cast<PyObject*>(r);
+PyObject* release_call(PyObject* self, PyObject*, PyObject*) {  // (its argument: the dead weakref)
+  return released_entry(held_item(self, 0), held_item(self, 1));
 }
 
 // storage.attach for a new tensor on device 0: its entry (numel, npdtype, buf) in the table,
@@ -247,7 +192,7 @@ PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject
   Py_XDECREF(nbytes);
   Py_XDECREF(size);
   Py_XDECREF(n);
-  PyObject* cb = entry ? new_release(key, entry) : nullptr;
+  PyObject* cb = entry ? new_held(ReleaseType, {key, entry}) : nullptr;
   PyObject* ref = cb ? PyWeakref_NewRef(storage, cb) : nullptr;
   Py_XDECREF(cb);
   Py_DECREF(storage);
@@ -340,16 +285,7 @@ int tidy_parked() {
 // storage._release for an entry of device 0 without a device address (other entries: the
 // Python function): drop it from the table, uncount its bytes, break the entry -> weakref
 // cycle, park its buffer for synchronize(). Called as the storage weakref's callback (a
-// Release of the entry; `released(key, entry, ref)` from Python). No JAX calls here (see
-// inflight.py).
-PyObject* released(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 3) {
-    PyErr_SetString(PyExc_TypeError, "released(key, entry, ref)");
-    return nullptr;
-  }
-  return released_entry(a[0], a[1]);
-}
-
+// Release of the entry). No JAX calls here (see inflight.py).
 PyObject* released_entry(PyObject* key, PyObject* entry) {
   if (Py_IsFinalizing() || !st.table) Py_RETURN_NONE;  // interpreter exit: the process frees it all
   PyObject* index = PyObject_GetAttr(entry, s_index);
@@ -394,34 +330,33 @@ bool configured() {
 }
 
 PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 14 || !PyType_Check(a[9])) {
-    PyErr_SetString(PyExc_TypeError, "configure: 14 arguments, the tenth a type");
+  if (n != 12 || !PyType_Check(a[7])) {
+    PyErr_SetString(PyExc_TypeError, "configure: 12 arguments, the eighth a type");
     return nullptr;
   }
-  max_parked = PyLong_AsSsize_t(a[12]);
-  tidy_step = static_cast<int>(PyLong_AsLong(a[13]));
+  max_parked = PyLong_AsSsize_t(a[10]);
+  tidy_step = static_cast<int>(PyLong_AsLong(a[11]));
   if (PyErr_Occurred()) return nullptr;
-  if (!slot_maker(a[8], {"buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__"},
+  if (!slot_maker(a[6], {"buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__"},
                   entry_maker))
     return nullptr;
-  PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.released,
-                        &st.partial, &st.parked, &st.tidy, &st.entry_type};
-  for (int i = 0; i < 9; ++i) {
+  PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.parked, &st.tidy, &st.entry_type};
+  for (int i = 0; i < 7; ++i) {
     Py_INCREF(a[i]);
     Py_XSETREF(*slots[i], a[i]);
   }
-  Py_INCREF(a[9]);
-  st.array_type = reinterpret_cast<PyTypeObject*>(a[9]);
-  PyObject* acquire = PyObject_GetAttrString(a[10], "acquire");
-  PyObject* unlock = acquire ? PyObject_GetAttrString(a[10], "release") : nullptr;
+  Py_INCREF(a[7]);
+  st.array_type = reinterpret_cast<PyTypeObject*>(a[7]);
+  PyObject* acquire = PyObject_GetAttrString(a[8], "acquire");
+  PyObject* unlock = acquire ? PyObject_GetAttrString(a[8], "release") : nullptr;
   if (!unlock) {
     Py_XDECREF(acquire);
     return nullptr;
   }
   Py_XSETREF(st.acquire, acquire);
   Py_XSETREF(st.unlock, unlock);
-  Py_INCREF(a[11]);
-  Py_XSETREF(st.release_py, a[11]);
+  Py_INCREF(a[9]);
+  Py_XSETREF(st.release_py, a[9]);
   Py_RETURN_NONE;
 }
 
@@ -714,7 +649,6 @@ struct Gate {
   PyObject* profiler = nullptr;      // torch.autograd.profiler (its _is_profiler_enabled)
   PyObject* sync = nullptr;          // () -> None: precision.sync with the executor's flush
   PyObject* pack = nullptr;          // scalars.pack_cached(values, codes)
-  PyObject* no_scalars = nullptr;    // what pack_cached gives for no values
   PyObject* exact = nullptr;         // scalars._exact: pack_cached's packs by (codes, values)
   PyObject* resume = nullptr;        // executor.resume(low, args, kwargs, key, compiled, entries, offsets, dyn, tensors)
   int precision = -1;                // float32 matmul precision at the last sync
@@ -741,38 +675,27 @@ bool cell(PyObject* lst) {  // a one-item list's item, as a truth value
 }
 
 PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 16) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: 16 arguments");
+  if (n != 15) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: 15 arguments");
     return nullptr;
-  }
-  if (!PyDict_CheckExact(a[15])) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: the packs by key (a dict)");
-    return nullptr;
-  }
-  Py_INCREF(a[15]);
-  Py_XSETREF(gate.exact, a[15]);
-  if (!PyType_Check(a[14])) {
-    PyErr_SetString(PyExc_TypeError, "configure_fast: the Bucketed type");
-    return nullptr;
-  }
-  Py_INCREF(a[12]);
-  Py_XSETREF(gate.get_precision, a[12]);
-  Py_INCREF(a[13]);
-  Py_XSETREF(gate.pack_offsets, a[13]);
-  Py_INCREF(a[14]);
-  Py_XSETREF(gate.bucketed, a[14]);
-  PyObject** slots[] = {&gate.quick, &gate.mode_state, &gate.spread, &gate.carried_seen,
-                        &gate.dynamic, &gate.checks, &gate.carried, &gate.profiler,
-                        &gate.sync, &gate.pack, &gate.no_scalars, &gate.resume};
-  for (int i = 0; i < 12; ++i) {
-    Py_INCREF(a[i]);
-    Py_XSETREF(*slots[i], a[i]);
   }
   for (int i : {2, 3, 4, 5}) {
     if (!PyList_CheckExact(a[i])) {
       PyErr_SetString(PyExc_TypeError, "configure_fast: state cells must be lists");
       return nullptr;
     }
+  }
+  if (!PyType_Check(a[13]) || !PyDict_CheckExact(a[14])) {
+    PyErr_SetString(PyExc_TypeError, "configure_fast: the Bucketed type, then the packs by key (a dict)");
+    return nullptr;
+  }
+  PyObject** slots[] = {&gate.quick, &gate.mode_state, &gate.spread, &gate.carried_seen,
+                        &gate.dynamic, &gate.checks, &gate.carried, &gate.profiler,
+                        &gate.sync, &gate.pack, &gate.resume, &gate.get_precision,
+                        &gate.pack_offsets, &gate.bucketed, &gate.exact};
+  for (int i = 0; i < 15; ++i) {
+    Py_INCREF(a[i]);
+    Py_XSETREF(*slots[i], a[i]);
   }
   gate.precision = -1;
   Py_RETURN_NONE;
@@ -991,7 +914,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
             packed = PyObject_CallFunctionObjArgs(gate.pack, vals, PyTuple_GET_ITEM(plan, 3), nullptr);
           Py_XDECREF(vals);
         } else {
-          packed = gate.no_scalars;
+          packed = Py_None;  // (what scalars.pack_cached gives for no values)
           Py_INCREF(packed);
         }
         if (packed) out = serve(compiled, entries, packed);
@@ -1249,20 +1172,18 @@ done:
 PyMethodDef methods[] = {
     {"configure_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_fast)), METH_FASTCALL,
      "configure_fast(quick, mode_state, spread, carried_seen, dynamic, checks, carried, profiler, sync, pack, "
-     "no_scalars, resume, get_precision, pack_offsets, bucketed, exact)"},
+     "resume, get_precision, pack_offsets, bucketed, exact)"},
     {"graph_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(graph_fast)), METH_FASTCALL,
      "graph_fast(quick, args) -> results | NotImplemented"},
     {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)), METH_FASTCALL,
      "fast(state, args, kwargs) -> result | NotImplemented"},
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
-     "configure(table, stats, counts, clock, released, partial, parked, tidy, entry_type, array_type, lock, "
-     "release, max_parked, tidy_step)"},
+     "configure(table, stats, counts, clock, parked, tidy, entry_type, array_type, lock, release, max_parked, "
+     "tidy_step)"},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(new_tensor)), METH_FASTCALL,
      "new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)"},
     {"alias", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(alias)), METH_FASTCALL,
      "alias(base, shape, stride, offset, dtype) -> a view of base's storage"},
-    {"released", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(released)), METH_FASTCALL,
-     "released(key, entry, ref): a storage's entry let go (storage._release's common case)"},
     {"configure_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_record)), METH_FASTCALL,
      "configure_record(globals, lock, node_type, pending_type, fused, replayed, internal, is_internal)"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(record)), METH_FASTCALL,
@@ -1312,7 +1233,10 @@ PyMODINIT_FUNC PyInit__hit(void) {
   empty_tuple = PyTuple_New(0);
   s_itemsize = PyUnicode_InternFromString("itemsize");
   s_zero_index = PyLong_FromLong(0);
-  if (kernel_type_init() < 0 || release_type_init() < 0) return nullptr;
+  if (kernel_type_init() < 0 ||
+      ready_held_type(ReleaseType, "torchtpu.runtime._hit.Release", 2,
+                      "A storage weakref's callback: its entry let go (csrc/hit.cpp)", release_call) < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
   Py_INCREF(&KernelType);

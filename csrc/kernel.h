@@ -8,72 +8,41 @@
 //   - a carried dtype seen in the process (complex32, uint4: eager/carried.py): `full`, the
 //     Python kernel eager/kernels.py would have registered, serves the call whole;
 //   - else `check(*args, **kwargs)` when not None (what CPU rejects from the tensors' geometry),
-//     then fast(state, args, kwargs); where that answers NotImplemented, `after(*args, **kwargs)`
-//     (the executor's full path); where it raises `first_seen` (carried.FirstSeen: the call was
-//     the process's first to name a carried dtype), `full` serves it again, as the Python kernel's
-//     own handler does.
+//     then fast(state, args, kwargs); where that answers NotImplemented, `after(args, kwargs)`
+//     (the executor's full path: functools.partial(executor.execute, low)). Where either raises
+//     `first_seen` (carried.FirstSeen: the call was the process's first to name a carried
+//     dtype, which it has marked seen), `full` serves it again, as the Python kernel's own
+//     handler does.
 #pragma once
 
 // (included inside hit.cpp's anonymous namespace)
 namespace {
 
-struct KernelObject {
-  PyObject_HEAD
-  PyObject* state;
-  PyObject* check;
-  PyObject* after;
-  PyObject* full;
-  PyObject* first_seen;
-};
+// (its items, csrc/held.h)
+enum { kState, kCheck, kAfter, kFull, kFirstSeen, kItems };
 
-PyObject* kernel_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
-  auto* self = reinterpret_cast<KernelObject*>(self_);
-  if (!gate.quick || cell(gate.carried_seen)) return PyObject_Call(self->full, args, kwargs);
-  if (self->check != Py_None) {
-    PyObject* r = PyObject_Call(self->check, args, kwargs);
+PyObject* kernel_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* full = held_item(self, kFull);
+  if (!gate.quick || cell(gate.carried_seen)) return PyObject_Call(full, args, kwargs);
+  PyObject* check = held_item(self, kCheck);
+  if (check != Py_None) {
+    PyObject* r = PyObject_Call(check, args, kwargs);
     if (!r) return nullptr;
     Py_DECREF(r);
   }
   // (the Python paths take a dict: PyObject_Call may pass none)
   PyObject* kw = kwargs ? (Py_INCREF(kwargs), kwargs) : PyDict_New();
   if (!kw) return nullptr;
-  PyObject* argv[] = {self->state, args, kw};
+  PyObject* argv[] = {held_item(self, kState), args, kw};
   PyObject* res = fast(nullptr, argv, 3);
-  Py_DECREF(kw);
-  if (!res) {
-    if (!PyErr_ExceptionMatches(self->first_seen)) return nullptr;
-    PyErr_Clear();
-    return PyObject_Call(self->full, args, kwargs);
+  if (res == Py_NotImplemented) {
+    Py_DECREF(res);
+    res = PyObject_CallFunctionObjArgs(held_item(self, kAfter), args, kw, nullptr);
   }
-  if (res != Py_NotImplemented) return res;
-  Py_DECREF(res);
-  return PyObject_Call(self->after, args, kwargs);
-}
-
-int kernel_traverse(PyObject* self_, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<KernelObject*>(self_);
-  Py_VISIT(self->state);
-  Py_VISIT(self->check);
-  Py_VISIT(self->after);
-  Py_VISIT(self->full);
-  Py_VISIT(self->first_seen);
-  return 0;
-}
-
-int kernel_clear(PyObject* self_) {
-  auto* self = reinterpret_cast<KernelObject*>(self_);
-  Py_CLEAR(self->state);
-  Py_CLEAR(self->check);
-  Py_CLEAR(self->after);
-  Py_CLEAR(self->full);
-  Py_CLEAR(self->first_seen);
-  return 0;
-}
-
-void kernel_dealloc(PyObject* self) {
-  PyObject_GC_UnTrack(self);
-  kernel_clear(self);
-  Py_TYPE(self)->tp_free(self);
+  Py_DECREF(kw);
+  if (res || !PyErr_ExceptionMatches(held_item(self, kFirstSeen))) return res;
+  PyErr_Clear();
+  return PyObject_Call(full, args, kwargs);
 }
 
 PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
@@ -91,31 +60,17 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                     "callables, an exception class");
     return nullptr;
   }
-  auto* self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
-  if (!self) return nullptr;
-  PyObject* values[] = {state, check, after, full, first_seen};
-  PyObject** slots[] = {&self->state, &self->check, &self->after, &self->full, &self->first_seen};
-  for (int i = 0; i < 5; ++i) {
-    Py_INCREF(values[i]);
-    *slots[i] = values[i];
-  }
-  return reinterpret_cast<PyObject*>(self);
+  return new_held(*type, {state, check, after, full, first_seen});
 }
 
 PyTypeObject KernelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // the type, readied once (PyInit__hit); -1 with an error set
 int kernel_type_init() {
-  KernelType.tp_name = "torchtpu.runtime._hit.Kernel";
-  KernelType.tp_basicsize = sizeof(KernelObject);
-  KernelType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  KernelType.tp_doc = "An op's tpu kernel: fast() in C++, the Python paths where it hands the call back (csrc/kernel.h)";
-  KernelType.tp_new = kernel_new;
-  KernelType.tp_call = kernel_call;
-  KernelType.tp_traverse = kernel_traverse;
-  KernelType.tp_clear = kernel_clear;
-  KernelType.tp_dealloc = kernel_dealloc;
-  return PyType_Ready(&KernelType);
+  return ready_held_type(KernelType, "torchtpu.runtime._hit.Kernel", kItems,
+                         "An op's tpu kernel: fast() in C++, the Python paths where it hands the call back "
+                         "(csrc/kernel.h)",
+                         kernel_call, kernel_new);
 }
 
 }  // namespace

@@ -36,13 +36,14 @@ def _route(namespaces, name: str, ours, by_device: bool = False) -> None:
     @functools.wraps(orig)
     def routed(*args, **kwargs):
         device = args[0] if args else kwargs.get("device", kwargs.get("device_index"))
-        if type(device) is torch.device:  # (Dynamo asks this on every call of a compiled function)
+        keep = by_device and type(device) is torch.device  # (Dynamo asks current_stream per compiled call)
+        if keep:
             got = known.get(device)
             if got is not None:
                 return got
         if _on_tpu(device):
             got = ours(device)
-            if by_device and type(device) is torch.device and device.index is not None:
+            if keep and device.index is not None:
                 known[device] = got
             return got
         return orig(*args, **kwargs)

@@ -154,7 +154,6 @@ _quick = _cache.by_quick_key
 _MODE = modes.state
 _chit = tensors.hit  # csrc/hit.cpp: a planned strict hit in one C++ call (None: not built)
 _crec = tensors.record  # csrc/record.h: a planned defer_and_fuse record in one C++ call
-_NO_SCALARS = scalars.pack_cached((), ())
 _Bucketed = extents.Bucketed
 
 
@@ -183,8 +182,7 @@ def _quick_hit(low, compiled, flat, args, kwargs):
         metrics.bump("bucketed_view_ops")
         compiled = compiled.compiled
     elif compiled.hit and _MODE["mode"] == "strict" and not _tprof._is_profiler_enabled:
-        hit = _chit(compiled, flat.entries,
-                    scalars.pack_cached(flat.dyn, compiled.fn.codes) if flat.dyn else _NO_SCALARS)
+        hit = _chit(compiled, flat.entries, scalars.pack_cached(flat.dyn, compiled.fn.codes))
         if hit is not NotImplemented:
             return _finish(low, compiled, args, kwargs, None) if low.mode == "inplace" else hit
     return _launch(low, compiled, flat, args, kwargs, None, quick=True)
@@ -387,7 +385,7 @@ def _configure_fast():
     from ..runtime.jaxenv import CARRIED
     _hit.configure_fast(_quick, _MODE, _SPREAD, _CARRIED_SEEN, DYNAMIC, _checks.enabled_cell, CARRIED,
                         _tprof, lambda: precision.sync(_flush_for_precision), scalars.pack_cached,
-                        _NO_SCALARS, resume, torch.get_float32_matmul_precision,
+                        resume, torch.get_float32_matmul_precision,
                         functools.partial(np.asarray, dtype=np.int64), _Bucketed, scalars.exact_packs())
     return _hit.fast
 

@@ -9,6 +9,7 @@ AutogradPrivateUse1; everything else reaches the boxed fallback.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -80,16 +81,10 @@ def _functional_kernel(low: Lowering):
     full = kernel if check is None else checked
     if fast is None or tensors.native is None:
         return full
-
-    def after(*args, **kwargs):  # the call fast() handed back: the executor's full path
-        try:
-            return execute(low, args, kwargs)
-        except carried.FirstSeen:  # the process's first carried dtype: see executor.execute
-            return carried.call(op, args, kwargs, lambda a, k: full(*a, **k))
-
-    # fast() called from C++ without this module's Python frame (csrc/kernel.h); `full` serves
-    # every call once a carried dtype was seen
-    return tensors.native.Kernel(state, check, after, full, carried.FirstSeen)
+    # fast() called from C++ without this module's Python frame (csrc/kernel.h), then the
+    # executor's path where it declines; `full` serves every call once a carried dtype was seen
+    # (a FirstSeen marks it seen, and `full` then serves that call again)
+    return tensors.native.Kernel(state, check, functools.partial(execute, low), full, carried.FirstSeen)
 
 
 def _masked_kernel(low: Lowering):
