@@ -110,18 +110,18 @@ def test_import_time_variables_reach_their_modules():
     env = dict(os.environ, JAX_PLATFORMS="cpu", TORCHTPU_EAGER_MODE="debug", TORCHTPU_DEBUG_NANS="1",
                TORCHTPU_CHECKS="0", TORCHTPU_FALLBACK="0", TORCHTPU_MAX_EXECUTABLES="11",
                TORCHTPU_MAX_EXECUTABLES_PER_OP="5", TORCHTPU_MAX_REGIONS="3", TORCHTPU_DEFER_MAX_OPS="77",
-               TORCHTPU_DEFER_CHURN="4", TORCHTPU_DEFER_DONATE="1", TORCHTPU_FAST_COMPILE_AFTER="2",
-               TORCHTPU_BUCKET_MB="1", TORCHTPU_FIRST_BUCKET_MB="0.5")
+               TORCHTPU_DEFER_CHURN="4", TORCHTPU_DEFER_CHUNK_OPS="99", TORCHTPU_DEFER_DONATE="1",
+               TORCHTPU_FAST_COMPILE_AFTER="2", TORCHTPU_BUCKET_MB="1", TORCHTPU_FIRST_BUCKET_MB="0.5")
     code = (
         "import torchtpu\n"
-        "from torchtpu.eager import deferred, modes, op_program\n"
+        "from torchtpu.eager import deferred, modes, op_program, region_plan\n"
         "from torchtpu.compile import collectives\n"
         "print(torchtpu.get_eager_mode(), modes.debug_nans(), torchtpu.checks_enabled(),\n"
         "      torchtpu.fallback_enabled(), sorted(torchtpu.executable_limit().items()),\n"
         "      deferred.MAX_OPS, deferred.CHURN, deferred.DONATE, op_program.FAST_AFTER,\n"
-        "      collectives.BUCKET_BYTES, collectives.FIRST_BUCKET_BYTES)\n")
+        "      collectives.BUCKET_BYTES, collectives.FIRST_BUCKET_BYTES, region_plan.MIN_OPS)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == (
         f"debug True False False [('per_op', 5), ('regions', 3), ('total', 11), ('total_bytes', {2048 << 20})] "
-        "77 4 True 2 1048576 524288")  # (total_bytes: TORCHTPU_MAX_EXECUTABLE_MB's default, 2048)
+        "77 4 True 2 1048576 524288 99")  # (total_bytes: TORCHTPU_MAX_EXECUTABLE_MB's default, 2048)

@@ -98,6 +98,9 @@ class Config:
                               "ops recorded before a defer_and_fuse region is flushed")
     defer_churn: int = _var("TORCHTPU_DEFER_CHURN", "12", _int("12"),
                             "fresh shapes of one op in a region before it is replayed op by op (compile-storm guard)")
+    defer_chunk_ops: int = _var("TORCHTPU_DEFER_CHUNK_OPS", "256", _int("256"),
+                                "defer_and_fuse regions of this many ops or more holding a loop run as its "
+                                "repeating chunks, each compiled once (`0`: always whole)")
     defer_donate: bool = _var("TORCHTPU_DEFER_DONATE", "0", _off_unless("0", ""),
                               "`1`: regions donate the input buffers they overwrite to XLA")
     # torch.compile

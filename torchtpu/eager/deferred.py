@@ -32,7 +32,7 @@ from ..runtime import donation, executables, inflight, launcher, leaf, pending, 
 from ..runtime.pending import Failed, Pending
 from ..spmd.program import spmd as _spmd
 from ..spmd.region_runner import CollectiveRegionRunner
-from . import modes
+from . import modes, region_plan
 from . import scalars as _scalars
 from .origin import user_frame as _origin
 from .origin import where as _where
@@ -426,6 +426,68 @@ def _replay(g, inputs, out_refs):
     return tuple(vals[r] for r in out_refs), flagged
 
 
+# A long region is cut into chunks that repeat (eager/region_plan.py) when it holds a loop's
+# iterations; the cut is chosen once per region fingerprint (None: compile it whole).
+_cuts = _caches.register("region cuts", _caches.LRU(_caches.limit("regions")))
+
+
+def _chunks(fkey, g):
+    """The chunks a new region runs as, or None (compile it whole)."""
+    if len(g.nodes) < region_plan.MIN_OPS:
+        return None
+    chunks = _cuts.get(fkey, False)
+    if chunks is False:
+        starts = region_plan.choose_cuts([n.compiled for n in g.nodes])
+        chunks = None if starts is None else region_plan.plan(
+            fkey.nodes, fkey.outputs, [n.nscalars for n in g.nodes], starts)
+        _cuts[fkey] = chunks
+    return chunks
+
+
+def _run_chunks(g, inputs, out_refs, chunks):
+    """Run a region as its chunks, each a region of its own (compiled once per fingerprint,
+    so an iteration met again is a cache hit); the values one leaves feed the later ones."""
+    vals = {}
+    flagged = []
+    codes = _scalars.layout(g.scalars)
+    for c in chunks:
+        part = g.nodes[c.start:c.stop]
+        key = RegionKey(c.nodes, c.local_outputs, codes[c.first_scalar:c.stop_scalar], ())
+        fn = executables.regions.get(key)
+        fresh = fn is None
+        if fresh:
+            local = [_Node(n.program, refs, n.nscalars, n.rng, n.origin, n.name, n.compiled)
+                     for n, (_, refs) in zip(part, c.nodes)]
+            fn = _make_fused(local, key.outputs, key.scalars, (), None, _reshaped(local, key.outputs))
+            executables.regions.admit(key, fn)
+            metrics.bump("compiles")
+            metrics.bump("region_compiles")
+        else:
+            metrics.bump("cache_hits")
+        fn.used = next(executables.clock)
+        bufs = [inputs[r[1]] if r[0] == 1 else vals[(r[1], r[2])] for r in c.sources]
+        args = ([], bufs, _scalars.pack(g.scalars[c.first_scalar:c.stop_scalar], key.scalars),
+                tuple(n.rng for n in part if n.rng is not None))
+        last = part[-1].origin
+        what = lambda: f"a chunk of {len(part)} ops of a region" + (f" ending at {_where(last)}" if last else "")  # noqa: E731,B023
+        timing = lambda: program_timing.region_name([n.name for n in part])  # noqa: E731,B023
+        try:
+            results = launcher.launch(fn, args, what=what, compiling=fresh, release=(executables.regions.clear,),
+                                      timing=timing, account=(executables.regions, key) if fresh else None)
+        except Exception:
+            executables.regions.drop(key)
+            raise
+        del args, bufs
+        if len(results) > len(c.outputs):  # the chunk's packed check flags
+            flagged.append((results[-1], fn.checks, [n.origin for n in part]))
+        for r, v in zip(c.outputs, results):
+            vals[r] = v
+        for r in c.done:  # (a loop's old values go as they would inside one program)
+            del vals[r]
+        metrics.bump("executions")
+    return tuple(vals[r] for r in out_refs), flagged
+
+
 def _owner(c):
     """(the cache holding the op executable `c`, its key there), or None."""
     key = getattr(c, "key", None)
@@ -494,6 +556,7 @@ def _flush(reason: str) -> None:
         # signatures can differ from a peer's): every rank fuses it, or all replay it together
         replay = fn is None and g.churn and g.collectives is None
         fresh = fn is None
+        chunks = _chunks(fkey, g) if fresh and not replay and not donate and g.collectives is None else None
         last = g.nodes[-1].origin if g.nodes else None
         what = lambda: f"a fused region of {len(g.nodes)} ops" + (f" ending at {_where(last)}" if last else "")  # noqa: E731
         timing = lambda: program_timing.region_name([n.name for n in g.nodes])  # noqa: E731
@@ -508,9 +571,13 @@ def _flush(reason: str) -> None:
                 if g.churn:
                     # every op that brought a new shape into a storm is suspect from now on
                     _churning.update(g.fresh_per_key)
+            elif chunks:
+                results, flagged = _run_chunks(g, inputs, out_refs, chunks)
+                metrics.bump("regions_chunked")
+                _fused_sigs.update(g.fresh)
             else:
                 if fn is None:
-                    fast = _reshaped(g, out_refs)
+                    fast = _reshaped(g.nodes, out_refs)
                     fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives, fast)
                     executables.regions.admit(fkey, fn)
                     metrics.bump("compiles")
@@ -583,13 +650,13 @@ TIER_UP = 4.0
 _structures = _caches.register("fused region structures", _caches.LRUSet(_caches.limit("regions")))
 
 
-def _reshaped(g, out_refs) -> bool:
+def _reshaped(nodes, out_refs) -> bool:
     """Whether this new region is a bucketed structure compiled before at another bucket
     (its ops' names and wiring; sizes and static arguments may differ)."""
-    names = tuple(n.name.partition("[dynamic ")[0] for n in g.nodes)  # the padded lowerings' serials
-    if len(names) == sum(1 for n in g.nodes if "[dynamic " not in n.name and n.name != "torchtpu::grow_append"):
+    names = tuple(n.name.partition("[dynamic ")[0] for n in nodes)  # the padded lowerings' serials
+    if len(names) == sum(1 for n in nodes if "[dynamic " not in n.name and n.name != "torchtpu::grow_append"):
         return False
-    key = (names, tuple(n.refs for n in g.nodes), out_refs)
+    key = (names, tuple(n.refs for n in nodes), out_refs)
     if key in _structures:
         metrics.bump("fast_region_compiles")
         return True
