@@ -123,3 +123,31 @@ def test_an_index_out_of_range_in_a_chunk_raises_with_the_ops_name(defer):
     assert "index_select" in str(ei.value)
     assert pending_checks.pending() == 0
     assert_same(x + 1, torch.arange(6.0) + 1)
+
+
+def _deep_step(layers, x):
+    h = x
+    for lin in layers:
+        h = h + torch.tanh(lin(h))
+    h.pow(2).mean().backward()
+
+
+def test_a_training_steps_region_stays_whole(defer):
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(40)).to("tpu")
+    opt = torch.optim.SGD(layers.parameters(), lr=0.1)
+    x = torch.randn(4, 8, device="tpu")
+    torch.tpu.synchronize()
+    # the same ops read on the host: a loop's region, cut at its layers
+    torchtpu.reset_metrics()
+    _deep_step(layers, x)
+    layers[0].weight.grad.cpu()
+    m = torchtpu.metrics()
+    assert m["region_ops"] >= region_plan.MIN_OPS and m["regions_chunked"] == 1, m
+    # ended by the optimizer step, it runs every step: one program
+    torchtpu.reset_metrics()
+    opt.zero_grad()
+    _deep_step(layers, x)
+    opt.step()
+    m = torchtpu.metrics()
+    assert m["region_ops"] >= region_plan.MIN_OPS and "regions_chunked" not in m, m

@@ -12,10 +12,11 @@ No marker says where an iteration starts. The cut is chosen from the region's ow
 sequence: for each op executable that occurs at least three times, cutting before each
 of its occurrences gives chunks; the chosen op is the one whose chunks leave the least to
 compile (the ops of the distinct chunks, plus a few ops' worth per launch). A region is
-cut only where that is at most half of compiling it whole, so a training step (one
-region per optimizer step, repeating whole) of a shallow model, whose forward and
-backward layers are the only repeats, stays one program; a deep one runs as layer-sized
-chunks, each compiled once.
+cut only where that is at most half of compiling it whole. A training step's region (ended
+by its optimizer step) is never cut: it runs every step, and whole it runs fastest (a
+24-layer GPT's step: 20 ms whole, 30 ms as the 33 chunks its residual adds cut it into,
+and the compile was no shorter: the optimizer's foreach ops over every parameter are most
+of it).
 
 Pure bookkeeping on op identities and wiring: no JAX here (eager/deferred.py runs the chunks).
 """
