@@ -429,6 +429,7 @@ def _replay(g, inputs, out_refs):
 # A long region is cut into chunks that repeat (eager/region_plan.py) when it holds a loop's
 # iterations; the cut is chosen once per region fingerprint (None: compile it whole).
 _cuts = _caches.register("region cuts", _caches.LRU(_caches.limit("regions")))
+executables.ops.on_clear(_cuts.clear)  # its keys and chunks hold op executables
 
 
 def _chunks(fkey, g):
