@@ -33,7 +33,7 @@ from . import argcheck, carried, deferred, extents, growth, memory_format, modes
 from .op_args import Flat, flatten, scan
 from .op_errors import describe, user_error
 from .op_program import PACKED_DTYPES as _PACKED_DTYPES  # noqa: F401  (tests build avals with it)
-from .op_program import Compiled, abstract, build, donating, fast_compile, jit_packed, partial_writes
+from .op_program import Compiled, abstract, build, donating, empty_program, fast_compile, jit_packed, partial_writes
 from .origin import user_frame, where
 from .recordable import count_run
 
@@ -304,6 +304,8 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
         donate = tuple(i for i in compiled.partial if donation.exclusively_held(bufs, i, holders=1))
     what = lambda: describe(low, flat.tensors)  # noqa: E731  (only on the slow paths)
     try:
+        if not compiled.ran and empty_program(compiled, entries, low.random):
+            compiled.ran = True  # (no program to compile: its runs count as hits)
         if donate:
             kept = list(bufs)
             bufs = None

@@ -177,6 +177,13 @@ def abstract(compiled: Compiled, entries, random: bool) -> None:
 
     Traced through the op's own jit with the avals a later call will have, so a strict
     call (or a per-op replay of a region) reuses this trace instead of tracing again."""
+    _, updated, _ = _out_info(compiled, entries, random)
+    compiled.updated = tuple(sorted(updated))
+    metrics.bump("abstract_evals")
+
+
+def _out_info(compiled: Compiled, entries, random: bool) -> tuple:
+    """(outputs, updated storages, check flags) of one call, as avals, by tracing its jit."""
     bufs = tuple(
         None if e.buf is None else jax.ShapeDtypeStruct((e.numel,), e.dtype) for e in entries
     )
@@ -186,9 +193,47 @@ def abstract(compiled: Compiled, entries, random: bool) -> None:
     packed = tuple(
         jax.ShapeDtypeStruct((n,), PACKED_DTYPES[k]) if n else None for k, n in enumerate(counts)
     ) if any(counts) else None  # (eager/scalars.pack: no scalars pack to None)
-    _, updated, _ = compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
-    compiled.updated = tuple(sorted(updated))
-    metrics.bump("abstract_evals")
+    return compiled.fn.trace(bufs, packed, _RNG_AVALS if random else ()).out_info
+
+
+class EmptyProgram:
+    """An op executable whose every input and output has no elements: its results are
+    empty buffers put on the device, with no XLA program compiled. FakeTensorMode runs ops
+    on a graph's constant tensors for real while Dynamo traces (a model's `torch.tensor([])`
+    cloned and lifted: two programs compiled per traced graph), and empty caches and masks
+    reach eager ops the same way; each was a compile (tens of ms on XLA:CPU) for nothing."""
+
+    __slots__ = ("jitted", "codes", "outs", "updated")
+
+    def __init__(self, jitted, outs, updated):
+        self.jitted = jitted  # the op's jit, for what traces it (abstract, regions)
+        self.codes = jitted.codes
+        self.outs = tuple(None if o is None else (o.shape, o.dtype) for o in outs)
+        self.updated = {s: (u.shape, u.dtype) for s, u in updated.items()}
+
+    def trace(self, *args):
+        return self.jitted.trace(*args)
+
+    def __call__(self, bufs, packed, rngdata):
+        from ..runtime import placement
+
+        device = placement.jax_device()
+        put = lambda shape, dtype: jax.device_put(np.empty(shape, dtype), device)  # noqa: E731
+        return (tuple(None if o is None else put(*o) for o in self.outs),
+                {s: put(*u) for s, u in self.updated.items()}, None)
+
+
+def empty_program(compiled: Compiled, entries, random: bool) -> bool:
+    """Before an executable's first strict run: whether it is an EmptyProgram now (no
+    element in, none out, no random state, no check flags)."""
+    if random or any(e.numel for e in entries if e.buf is not None):
+        return False
+    outs, updated, flags = _out_info(compiled, entries, random)
+    if flags is not None or any(o is not None and math.prod(o.shape) for o in (*outs, *updated.values())):
+        return False
+    compiled.fn = EmptyProgram(compiled.fn, outs, updated)
+    metrics.bump("empty_programs")
+    return True
 
 
 # An op whose shapes keep changing (attention over a KV cache that grows each decoded
