@@ -208,12 +208,43 @@ def _generate(mode: str, tokens: int):
     return elapsed, out, metrics
 
 
+def _deep_forward(chunked: bool, layers: int, calls: int = 6):
+    """A deep model's forward in defer_and_fuse, read on the host: one region of every
+    layer, compiled whole or as its repeating chunks (eager/region_plan.py), from scratch."""
+    from ..eager import executor, region_plan
+
+    torch.manual_seed(0)
+    model = TinyGPT(d=64, layers=layers).eval()
+    x = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x)
+    saved = region_plan.MIN_OPS
+    region_plan.MIN_OPS = saved if chunked else float("inf")
+    try:
+        with torchtpu.eager_mode("defer_and_fuse"), torch.no_grad():
+            m = model.to("tpu")
+            xt = x.to("tpu")
+            torch.tpu.synchronize()
+            executor.clear_cache()
+            torchtpu.reset_metrics()
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                out = m(xt).cpu()
+                times.append(time.perf_counter() - t0)
+            metrics = torchtpu.metrics()
+    finally:
+        region_plan.MIN_OPS = saved
+    return times, float((out - ref).abs().max()), metrics
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchtpu.bench modes")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4, help="interleaved timing blocks per mode")
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--layers", type=int, default=32, help="layers of the deep forward")
     p.add_argument("--checks", action="store_true", help="training steps with device-side checks on vs off")
     args = p.parse_args(argv)
     if args.checks:
@@ -224,7 +255,7 @@ def main(argv=None) -> int:
     n = 0
     for name, task in tasks:
         n += 1
-        print(f"[{n}/4] training {name}, strict and defer_and_fuse interleaved ...", flush=True)
+        print(f"[{n}/5] training {name}, strict and defer_and_fuse interleaved ...", flush=True)
         res = _train(task, args.steps, args.warmup, args.rounds)
         s_ms, s_losses, _ = res["strict"]
         d_ms, d_losses, dm = res["defer_and_fuse"]
@@ -232,11 +263,14 @@ def main(argv=None) -> int:
         rows.append((name, s_ms, d_ms, s_ms / d_ms, worst, dm.get("compiles", 0),
                      dm.get("region_ops", 0) / max(dm.get("regions_executed", 1), 1)))
     n += 1
-    print(f"[{n}/4] 50-step cosine-LR loop with a short last batch ...", flush=True)
+    print(f"[{n}/5] 50-step cosine-LR loop with a short last batch ...", flush=True)
     per_step = _schedule_compiles()
     n += 1
-    print(f"[{n}/4] greedy generation of {args.tokens} tokens ...", flush=True)
+    print(f"[{n}/5] greedy generation of {args.tokens} tokens ...", flush=True)
     gen = {mode: _generate(mode, args.tokens) for mode in ("strict", "defer_and_fuse")}
+    n += 1
+    print(f"[{n}/5] a {args.layers}-layer forward in defer_and_fuse, whole and as chunks ...", flush=True)
+    deep = {c: _deep_forward(c, args.layers) for c in (False, True)}
 
     print()
     print(f"training step, XLA:{torchtpu.platform()}, ms/step after {args.warmup} warm-up steps "
@@ -257,4 +291,12 @@ def main(argv=None) -> int:
     print(f"{'strict':<16}{s_t:>9.2f}{args.tokens / s_t:>8.1f}{s_m['compiles']:>10}{'':>13}")
     print(f"{'defer_and_fuse':<16}{d_t:>9.2f}{args.tokens / d_t:>8.1f}{d_m['compiles']:>10}"
           f"{str(bool(torch.equal(s_out, d_out))):>13}")
+    print()
+    print(f"{args.layers}-layer GPT forward (d64, 4x32 tokens) in defer_and_fuse, read on the host: "
+          "its region compiled whole, or cut into its layers' chunks")
+    print(f"{'region':<10}{'cold s':>8}{'2nd s':>8}{'warm ms':>9}{'compiles':>10}{'max diff vs CPU':>17}")
+    for c, name in ((False, "whole"), (True, "chunks")):
+        times, diff, m = deep[c]
+        warm = sorted(times[3:])[len(times[3:]) // 2] * 1e3
+        print(f"{name:<10}{times[0]:>8.2f}{times[1]:>8.2f}{warm:>9.1f}{m.get('compiles', 0):>10}{diff:>17.1e}")
     return 0

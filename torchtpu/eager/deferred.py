@@ -459,11 +459,12 @@ def _run_chunks(g, inputs, out_refs, chunks):
         if fresh:
             local = [_Node(n.program, refs, n.nscalars, n.rng, n.origin, n.name, n.compiled)
                      for n, (_, refs) in zip(part, c.nodes)]
-            # compiled without XLA's optimizations first, as a bucketed region at a new edge
-            # is: most chunks run a few times (a prefill, a bucket edge, the loop's end), and
-            # the iteration that keeps running is compiled optimized once its runs pay for
-            # it (_Fused's TIER_UP); 32 decoded tokens: 6.6 s of compiling -> 2.7 s
-            fn = _make_fused(local, key.outputs, key.scalars, (), None, True)
+            # A chunk the region repeats (a loop's iteration) compiles optimized: it keeps
+            # running (a 32-layer forward's layer chunk unoptimized ran the forward at 2x
+            # its time). The others (a prefill, a bucket edge, the loop's end) run a few
+            # times: compiled without XLA's optimizations, as a bucketed region at a new
+            # edge is, and optimized once their runs pay for it (_Fused's TIER_UP).
+            fn = _make_fused(local, key.outputs, key.scalars, (), None, c.repeats < region_plan.HOT)
             executables.regions.admit(key, fn)
             metrics.bump("compiles")
             metrics.bump("region_compiles")

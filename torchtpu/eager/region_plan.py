@@ -28,6 +28,7 @@ from ..config import startup
 
 MIN_OPS = startup.defer_chunk_ops or float("inf")  # shorter regions compile whole (0: all do)
 MIN_CHUNK = 16   # a loop body shorter than this (on average) is cut every few iterations
+HOT = 8          # a chunk repeated this often in its region compiles optimized at once
 GAIN = 2.0       # cut only where the distinct chunks hold at most 1/GAIN of the region's ops
 LAUNCH = 4       # a chunk's launch weighed as this many ops of compile work
 NEAR = 1.25      # cuts this close to the cheapest count as as good
@@ -45,6 +46,7 @@ class Chunk(NamedTuple):
     first_scalar: int
     stop_scalar: int
     done: tuple      # the values earlier chunks left that no later chunk reads nor the region leaves
+    repeats: int     # how many chunks of the region are this one's program (same ops, wiring, outputs)
 
 
 def choose_cuts(keys: list) -> tuple[int, ...] | None:
@@ -151,5 +153,9 @@ def plan(nodes: tuple, out_refs: tuple, nscalars: list, starts: tuple) -> tuple[
             local.append((compiled, tuple(renamed)))
         outs = tuple(sorted(per_chunk[c], key=_order))
         chunks.append(Chunk(a, b, tuple(sources), tuple(local), outs,
-                            tuple((node - a, key) for node, key in outs), first[a], first[b], tuple(done[c])))
-    return tuple(chunks)
+                            tuple((node - a, key) for node, key in outs), first[a], first[b], tuple(done[c]), 0))
+    same: dict = {}
+    for c in chunks:
+        k = (c.nodes, c.local_outputs)
+        same[k] = same.get(k, 0) + 1
+    return tuple(c._replace(repeats=same[(c.nodes, c.local_outputs)]) for c in chunks)
