@@ -459,7 +459,7 @@ def _run_chunks(g, inputs, out_refs, chunks):
         if fresh:
             local = [_Node(n.program, refs, n.nscalars, n.rng, n.origin, n.name, n.compiled)
                      for n, (_, refs) in zip(part, c.nodes)]
-            # A chunk the region repeats (a loop's iteration) compiles optimized: it keeps
+            # A chunk the region repeats HOT times or more (a loop's iteration) compiles optimized: it keeps
             # running (a 32-layer forward's layer chunk unoptimized ran the forward at 2x
             # its time). The others (a prefill, a bucket edge, the loop's end) run a few
             # times: compiled without XLA's optimizations, as a bucketed region at a new
