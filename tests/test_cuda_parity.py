@@ -273,3 +273,75 @@ def test_tpu_objects_alive_at_interpreter_exit_exit_quietly(eager_mode):
     assert proc.stdout == "reached the end\n"
     assert proc.stderr == ""
     assert proc.returncode == 0
+
+
+@pytest.fixture
+def sync_mode():
+    yield
+    torch.tpu.set_sync_debug_mode("default")
+
+
+def _synced(fn) -> int:
+    """How many sync warnings running `fn` raised."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        fn()
+    return sum("synchronizing tpu operation" in str(w.message) for w in got)
+
+
+def test_sync_debug_mode_flags_what_makes_the_host_wait(mode, sync_mode):
+    x = torch.tensor([0.0, 1.0, 0.0, 3.0], device="tpu")
+    assert torch.tpu.get_sync_debug_mode() == 0
+    assert _synced(lambda: x.sum().item()) == 0
+    torch.tpu.set_sync_debug_mode("warn")
+    assert torch.tpu.get_sync_debug_mode() == 1
+    for what in (lambda: x.sum().item(), lambda: x.cpu(), lambda: x.nonzero(), lambda: x[x > 0],
+                 lambda: torch.unique(x), lambda: torch.equal(x, x), lambda: x.tolist()):
+        assert _synced(what) == 1
+    # device work alone, and an explicit synchronize (CUDA's is not flagged either), are not
+    assert _synced(lambda: (x * 2 + 1, torch.tpu.synchronize())) == 0
+    torch.tpu.set_sync_debug_mode(2)
+    with pytest.raises(RuntimeError, match="called a synchronizing tpu operation"):
+        x.cpu()
+    torch.tpu.set_sync_debug_mode(0)
+    assert_same(x, torch.tensor([0.0, 1.0, 0.0, 3.0]))
+    with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+        torch.tpu.set_sync_debug_mode("loud")
+
+
+def test_the_rest_of_torch_cudas_names():
+    import warnings
+
+    for name in ("init", "OutOfMemoryError", "is_current_stream_capturing", "StreamContext",
+                 "memory_stats_as_nested_dict", "reset_accumulated_memory_stats", "memory_cached",
+                 "max_memory_cached", "reset_max_memory_cached", "device_memory_used",
+                 "can_device_access_peer", "set_sync_debug_mode", "get_sync_debug_mode"):
+        assert hasattr(torch.cuda, name) and hasattr(torch.tpu, name), name
+    torch.tpu.init()
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+    assert torch.tpu.is_current_stream_capturing() is False
+    s = torch.tpu.Stream()
+    with torch.tpu.StreamContext(s) as entered:
+        assert entered is s
+    assert isinstance(torch.tpu.stream(s), torch.tpu.StreamContext)
+    x = torch.ones(256, device="tpu")
+    flat = torch.tpu.memory_stats()
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"] >= x.nbytes
+    assert nested["num_ooms"] == flat["num_ooms"]
+    torch.tpu.reset_accumulated_memory_stats()
+    assert torch.tpu.memory_stats()["num_ooms"] == 0
+    with pytest.warns(FutureWarning, match="renamed to torch.tpu.memory_reserved"):
+        assert torch.tpu.memory_cached() == torch.tpu.memory_reserved()
+    with pytest.warns(FutureWarning):
+        assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.tpu.reset_max_memory_cached()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < torch.tpu.device_memory_used() <= total
+    assert torch.tpu.can_device_access_peer(0, 0) is False  # (a CUDA device is not its own peer)
+    with pytest.raises(AssertionError, match="Invalid peer device id"):
+        torch.tpu.can_device_access_peer(0, torch.tpu.device_count())

@@ -66,10 +66,32 @@ def memory_stats(index: int = 0) -> "collections.OrderedDict[str, int]":
         "allocation.all.current": buffers,
         "active.all.current": buffers,
         "num_alloc_retries": 0,
-        "num_ooms": metrics.snapshot().get("out_of_memory", 0),
+        "num_ooms": metrics.snapshot().get("out_of_memory", 0) - _ooms_before.get(index, 0),
         "live_buffers": buffers,
     }
     return collections.OrderedDict(sorted(stats.items()))
+
+
+# reset_accumulated_memory_stats: the out-of-memory count at the last reset, per device
+_ooms_before: dict[int, int] = {}
+
+
+def reset_accumulated_memory_stats(index: int = 0) -> None:
+    """The accumulated counters torch.cuda resets: here the out-of-memory count (no
+    allocation is ever retried, and buffers are not counted per allocation)."""
+    _ooms_before[index] = metrics.snapshot().get("out_of_memory", 0)
+
+
+def memory_stats_as_nested_dict(index: int = 0) -> dict:
+    """memory_stats() nested at its keys' dots, as torch.cuda's (which flattens this)."""
+    nested: dict = {}
+    for key, value in memory_stats(index).items():
+        *path, last = key.split(".")
+        d = nested
+        for part in path:
+            d = d.setdefault(part, {})
+        d[last] = value
+    return nested
 
 
 def _fmt(n: int) -> str:

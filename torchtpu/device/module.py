@@ -1,9 +1,11 @@
 """The torch.tpu module: what torch.cuda offers, for the tpu device."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from ..runtime import placement, rng
+from ..runtime import placement, rng, sync_debug
 from . import memory
 
 
@@ -217,6 +219,39 @@ def memory_stats(device=None) -> dict:
     return memory.memory_stats(_index(device))
 
 
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats() as the nested dict torch.cuda flattens it from."""
+    return memory.memory_stats_as_nested_dict(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Reset the accumulated counters of memory_stats() (num_ooms)."""
+    memory.reset_accumulated_memory_stats(_index(device))
+
+
+def memory_cached(device=None) -> int:
+    warnings.warn("torch.tpu.memory_cached has been renamed to torch.tpu.memory_reserved", FutureWarning)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    warnings.warn("torch.tpu.max_memory_cached has been renamed to torch.tpu.max_memory_reserved", FutureWarning)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    warnings.warn("torch.tpu.reset_max_memory_cached now calls torch.tpu.reset_peak_memory_stats, "
+                  "which resets /all/ peak memory stats.", FutureWarning)
+    reset_peak_memory_stats(device)
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes of the device's memory in use (by every process where PJRT reports a limit;
+    host RAM in use on XLA:CPU)."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     return memory.memory_summary(abbreviated, _index(device))
 
@@ -228,6 +263,42 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 def empty_cache() -> None:
     """Buffers are freed as soon as their last tensor dies; nothing is cached."""
+
+
+def init() -> None:
+    """Start the device runtime now rather than at the first use (as torch.cuda.init); a
+    no-op once started."""
+    placement.devices()
+
+
+OutOfMemoryError = torch.OutOfMemoryError
+
+
+def is_current_stream_capturing() -> bool:
+    """False: tpu has no stream capture (a CUDA graph's counterpart is torch.compile's
+    program), so no capture is ever under way."""
+    return False
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """"default" or 0: say nothing; "warn" or 1: warn; "error" or 2: raise, at each operation
+    that makes the host wait for the device (runtime/sync_debug.py says which)."""
+    sync_debug.set_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return sync_debug.MODE[0]
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """Whether `device` reads `peer_device`'s buffers directly: PJRT copies between a host's
+    devices without the host (runtime/transfer.moved); a device is not its own peer."""
+    d = _index(device)  # (out of range: AssertionError "Invalid device id ...", as CUDA's)
+    try:
+        p = _index(peer_device)
+    except AssertionError:
+        raise AssertionError("Invalid peer device id") from None
+    return d != p
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -258,4 +329,4 @@ def eager_mode(mode: str):
     return modes.mode(mode)
 
 
-from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: E402,F401
+from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: E402,F401

@@ -10,8 +10,6 @@ Events (timing included) are in events.py.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from .events import TpuEvent as Event  # noqa: E402  (torch.tpu.Event, timing included)
@@ -107,6 +105,20 @@ def set_stream(stream) -> None:
     pass
 
 
-@contextlib.contextmanager
-def stream(s):
-    yield s
+class StreamContext:
+    """torch.tpu.stream(s)'s context manager (torch.cuda.StreamContext's counterpart): every
+    tpu stream is the device's one stream, so entering one changes no ordering; `s` may be
+    None, as on CUDA."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def stream(s) -> StreamContext:
+    return StreamContext(s)

@@ -1026,7 +1026,7 @@ _bincount_jit = jax.jit(_bincount_fn, static_argnums=(2,))
 
 @kernel("bincount")
 def bincount(self, weights=None, minlength=0):
-    from ..runtime import tensors, transfer
+    from ..runtime import sync_debug, tensors, transfer
 
     if self.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
@@ -1037,6 +1037,7 @@ def bincount(self, weights=None, minlength=0):
     if weights is not None and weights.shape != self.shape:
         raise RuntimeError("weights should be 1-d and have the same length as input")
     v = transfer.value(self)
+    sync_debug.host_sync()  # (the result's size is the data's maximum)
     top = int(_max_or_neg1(v)) if self.numel() else -1
     if self.numel() and int(jnp.min(v)) < 0:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
@@ -1052,7 +1053,7 @@ def bincount(self, weights=None, minlength=0):
 
 @kernel("equal")
 def equal(self, other):
-    from ..runtime import transfer
+    from ..runtime import sync_debug, transfer
 
     if self.device.type != other.device.type:
         raise RuntimeError(
@@ -1067,6 +1068,7 @@ def equal(self, other):
     if a.dtype != b.dtype:
         dt = jnp.promote_types(a.dtype, b.dtype)
         a, b = a.astype(dt), b.astype(dt)
+    sync_debug.host_sync()
     return bool(_all_equal(a, b))
 
 

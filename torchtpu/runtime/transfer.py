@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import metrics
-from . import geometry, inflight, leaf, pending, pinned, placement, storage
+from . import geometry, inflight, leaf, pending, pinned, placement, storage, sync_debug
 from .jaxenv import _BITCAST_VIA, numpy_to_torch, to_jax_dtype, torch_to_numpy
 
 
@@ -93,6 +93,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     A host read is where device-side check failures surface (runtime/checks.py)."""
     from . import checks
 
+    sync_debug.host_sync()
     a = _host_value(t)  # (runs the deferred region that computes it, if any)
     if checks.outstanding():
         checks.raise_pending()
@@ -115,6 +116,7 @@ def to_device_array(t: torch.Tensor) -> jax.Array:
 
 def storage_to_host(entry: storage.Entry) -> np.ndarray:
     """A storage's bytes on the host, as a flat uint8 array (blocks until computed)."""
+    sync_debug.host_sync()
     if _copies:
         wait_host_copies()
     a = np.asarray(buffer(entry)).reshape(-1)
