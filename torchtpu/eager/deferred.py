@@ -445,6 +445,14 @@ def _chunks(fkey, g):
     return chunks
 
 
+def _admit(key, fn):
+    """A new region program `fn` kept under `key` (it compiles at its first call)."""
+    executables.regions.admit(key, fn)
+    metrics.bump("compiles")
+    metrics.bump("region_compiles")
+    return fn
+
+
 def _run_chunks(g, inputs, out_refs, chunks):
     """Run a region as its chunks, each a region of its own (compiled once per fingerprint,
     so an iteration met again is a cache hit); the values one leaves feed the later ones."""
@@ -464,10 +472,7 @@ def _run_chunks(g, inputs, out_refs, chunks):
             # its time). The others (a prefill, a bucket edge, the loop's end) run a few
             # times: compiled without XLA's optimizations, as a bucketed region at a new
             # edge is, and optimized once their runs pay for it (_Fused's TIER_UP).
-            fn = _make_fused(local, key.outputs, key.scalars, (), None, c.repeats < region_plan.HOT)
-            executables.regions.admit(key, fn)
-            metrics.bump("compiles")
-            metrics.bump("region_compiles")
+            fn = _admit(key, _make_fused(local, key.outputs, key.scalars, (), None, c.repeats < region_plan.HOT))
         else:
             metrics.bump("cache_hits")
         fn.used = next(executables.clock)
@@ -586,11 +591,8 @@ def _flush(reason: str) -> None:
                 _fused_sigs.update(g.fresh)
             else:
                 if fn is None:
-                    fast = _reshaped(g.nodes, out_refs)
-                    fn = _make_fused(g.nodes, out_refs, codes, donate, g.collectives, fast)
-                    executables.regions.admit(fkey, fn)
-                    metrics.bump("compiles")
-                    metrics.bump("region_compiles")
+                    fn = _admit(fkey, _make_fused(g.nodes, out_refs, codes, donate, g.collectives,
+                                                  _reshaped(g.nodes, out_refs)))
                 else:
                     metrics.bump("cache_hits")
                 fn.used = next(executables.clock)
