@@ -151,6 +151,7 @@ NOT_CACHES = {
     "_pending": "device/accelerate_support.py: names of Accelerate/Transformers modules still importing, at most five",
     "_default": "runtime/rng.py: each device's default generator, bounded by the device count",
     "_reserved_peak": "device/memory.py: each device's peak reserved bytes, bounded by the device count",
+    "_ooms_before": "device/memory.py: each device's out-of-memory count at its last reset, bounded by the device count",
     "_streams": "device/streams.py: each device's one stream, bounded by the device count",
 }
 
