@@ -151,3 +151,34 @@ def test_a_training_steps_region_stays_whole(defer):
     opt.step()
     m = torchtpu.metrics()
     assert m["region_ops"] >= region_plan.MIN_OPS and "regions_chunked" not in m, m
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex64, torch.int64, torch.bool])
+def test_chunked_loops_in_every_dtype_class(defer, dtype):
+    def run(dev):
+        g = torch.Generator().manual_seed(0)
+        if dtype == torch.bool:
+            x, y = torch.rand(6, 5, generator=g) > 0.5, torch.rand(6, 5, generator=g) > 0.5
+        elif dtype == torch.int64:
+            x, y = torch.randint(-5, 5, (6, 5), generator=g), torch.randint(-5, 5, (6, 5), generator=g)
+        else:
+            x, y = torch.randn(6, 5, generator=g).to(dtype), torch.randn(6, 5, generator=g).to(dtype)
+        x, y = x.to(dev), y.to(dev)
+        acc = torch.zeros(5, dtype=torch.int64 if dtype == torch.bool else dtype, device=dev)
+        for i in range(60):
+            if dtype == torch.bool:
+                x = (x ^ y) | (x & ~y.roll(1, 0))
+                acc += x.sum(0)
+            elif dtype == torch.int64:
+                x = (x * 3 + y) % 11 - 5
+                acc += x[i % 6]
+            else:
+                x = x * 0.5 + y.flip(0) * 0.25
+                acc += x[i % 6]
+        return x, acc
+
+    torchtpu.reset_metrics()
+    got = run("tpu")
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    assert_same(got, run("cpu"), **tol)
+    assert torchtpu.metrics()["regions_chunked"] == 1
