@@ -309,6 +309,9 @@ def test_sync_debug_mode_flags_what_makes_the_host_wait(mode, sync_mode):
     assert_same(x, torch.tensor([0.0, 1.0, 0.0, 3.0]))
     with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
         torch.tpu.set_sync_debug_mode("loud")
+    with pytest.raises(RuntimeError, match="expected one of 0,1,2"):
+        torch.tpu.set_sync_debug_mode(3)
+    assert torch.tpu.get_sync_debug_mode() == 0
 
 
 def test_the_rest_of_torch_cudas_names():

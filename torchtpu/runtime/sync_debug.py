@@ -27,8 +27,9 @@ def set_mode(debug_mode: int | str) -> None:
         debug_mode = _NAMES[debug_mode]
     if isinstance(debug_mode, bool) or not isinstance(debug_mode, int):
         raise TypeError(f"set_sync_debug_mode(): expected an int or str, got {type(debug_mode).__name__}")
-    # (CUDA's C++ maps any other int to "default" as well: 0 off, 1 warn, 2 or above error)
-    MODE[0] = 2 if debug_mode >= 2 else (1 if debug_mode == 1 else 0)
+    if not 0 <= debug_mode <= 2:
+        raise RuntimeError("invalid value of debug_mode, expected one of 0,1,2")
+    MODE[0] = debug_mode
 
 
 def host_sync() -> None:
