@@ -439,8 +439,10 @@ def _chunks(fkey, g):
     chunks = _cuts.get(fkey, False)
     if chunks is False:
         starts = region_plan.choose_cuts([n.compiled for n in g.nodes])
-        chunks = None if starts is None else region_plan.plan(
-            fkey.nodes, fkey.outputs, [n.nscalars for n in g.nodes], starts)
+        # each with its program's key, made once (the region's scalar layout is its key's)
+        chunks = None if starts is None else tuple(
+            (c, RegionKey(c.nodes, c.local_outputs, fkey.scalars[c.first_scalar:c.stop_scalar], ()))
+            for c in region_plan.plan(fkey.nodes, fkey.outputs, [n.nscalars for n in g.nodes], starts))
         _cuts[fkey] = chunks
     return chunks
 
@@ -458,10 +460,8 @@ def _run_chunks(g, inputs, out_refs, chunks):
     so an iteration met again is a cache hit); the values one leaves feed the later ones."""
     vals = {}
     flagged = []
-    codes = _scalars.layout(g.scalars)
-    for c in chunks:
+    for c, key in chunks:
         part = g.nodes[c.start:c.stop]
-        key = RegionKey(c.nodes, c.local_outputs, codes[c.first_scalar:c.stop_scalar], ())
         fn = executables.regions.get(key)
         fresh = fn is None
         if fresh:

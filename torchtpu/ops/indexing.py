@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..runtime import sync_debug
 from ..runtime.jaxenv import to_jax_dtype, to_torch_dtype
 from . import checks
 from ._common import scalar_type_name, wrap_dim as _wrap
@@ -402,14 +403,6 @@ def _value(t):
     return transfer.value(t)
 
 
-def _host_read() -> None:
-    """An op whose result size depends on the data reads it on the host: it waits (and
-    torch.tpu.set_sync_debug_mode flags it, as CUDA's does)."""
-    from ..runtime import sync_debug
-
-    sync_debug.host_sync()
-
-
 def _new(shape, dtype, arr):
     from ..runtime import tensors
 
@@ -431,7 +424,7 @@ def _nonzero_at(v, n):
 @kernel("nonzero")
 def nonzero(self):
     v = _value(self)
-    _host_read()
+    sync_debug.host_sync()  # (the result's size is read on the host)
     n = int(_count_nonzero(v))
     return _new((n, self.dim()), torch.int64, _nonzero_at(v, n))
 
@@ -466,7 +459,7 @@ def masked_select(self, mask):
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     v = jnp.broadcast_to(_value(self), shape)
     m = jnp.broadcast_to(_value(mask), shape)
-    _host_read()
+    sync_debug.host_sync()  # (the result's size is read on the host)
     n = int(_count_nonzero(m))
     return _new((n,), self.dtype, _masked_select_at(v, m, n))
 
@@ -513,7 +506,7 @@ def _unique(v, axis):
     if n_along == 0:
         shape = (0,) if axis is None else v.shape
         return jnp.zeros(shape, v.dtype), jnp.zeros((0,), jnp.int64), jnp.zeros((0,), jnp.int64)
-    _host_read()
+    sync_debug.host_sync()  # (the result's size is read on the host)
     n = int(_count_unique(v, axis))
     return _unique_at(v, axis, n)
 
@@ -563,7 +556,7 @@ def _consecutive(v, axis):
     """(values, inverse, counts) of runs along `axis` of v."""
     if v.shape[axis] == 0:
         return v, jnp.zeros((0,), jnp.int64), jnp.zeros((0,), jnp.int64)
-    _host_read()
+    sync_debug.host_sync()  # (the result's size is read on the host)
     n = int(jnp.count_nonzero(_runs(v, axis)))
     return _consecutive_at(v, axis, n)
 
@@ -623,7 +616,7 @@ def repeat_interleave_tensor(repeats, *, output_size=None):
         return repeat_interleave_sized(repeats, output_size)
     _check_repeats(repeats)
     r = _value(repeats).reshape(-1)
-    _host_read()
+    sync_debug.host_sync()  # (the result's size is read on the host)
     counts = np.asarray(r)  # the size is data-dependent: one read to the host serves both checks
     if (counts < 0).any():
         raise RuntimeError("repeats can not be negative")

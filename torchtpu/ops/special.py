@@ -15,6 +15,7 @@ import jax.scipy.special as jsp
 import torch
 from jax import lax
 
+from ..runtime import sync_debug
 from ..runtime.jaxenv import to_jax_dtype
 from .promotion import promote as _promote
 from .registry import DEFAULT, INT_TO_FLOAT, kernel, lower
@@ -1026,7 +1027,7 @@ _bincount_jit = jax.jit(_bincount_fn, static_argnums=(2,))
 
 @kernel("bincount")
 def bincount(self, weights=None, minlength=0):
-    from ..runtime import sync_debug, tensors, transfer
+    from ..runtime import tensors, transfer
 
     if self.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
@@ -1053,7 +1054,7 @@ def bincount(self, weights=None, minlength=0):
 
 @kernel("equal")
 def equal(self, other):
-    from ..runtime import sync_debug, transfer
+    from ..runtime import transfer
 
     if self.device.type != other.device.type:
         raise RuntimeError(

@@ -215,8 +215,8 @@ def _native():
 
     from .. import metrics
     from .executables import clock
-    _hit.configure(table, _of(0), metrics.live_counts(), clock, inflight.parked_buffers, inflight.tidy, Entry, ArrayImpl, _lock, _release,
-                   inflight.MAX_PARKED, inflight.TIDY_STEP)
+    _hit.configure(table, _of(0), metrics.live_counts(), clock, inflight.parked_buffers, inflight.tidy, Entry,
+                   ArrayImpl, _lock, _release, inflight.MAX_PARKED, inflight.TIDY_STEP)
     return _hit
 
 
