@@ -4,6 +4,7 @@ Where CPU PyTorch has the same API (torch.accelerator on a CPU-only build, torch
 "cpu"), the tpu result is compared with it; the rest follows torch.cuda's documented
 contract (return types, key names, exception classes)."""
 import collections
+import contextlib
 import time
 
 import pytest
@@ -348,3 +349,109 @@ def test_the_rest_of_torch_cudas_names():
     assert torch.tpu.can_device_access_peer(0, 0) is False  # (a CUDA device is not its own peer)
     with pytest.raises(AssertionError, match="Invalid peer device id"):
         torch.tpu.can_device_access_peer(0, torch.tpu.device_count())
+
+
+def test_submodules_import_as_torch_cudas():
+    # `from torch.cuda.amp import GradScaler` and friends, with "cuda" changed to "tpu"
+    import importlib
+
+    for sub, names in (("memory", ("memory_allocated", "host_memory_stats", "mem_get_info")),
+                       ("random", ("get_rng_state", "manual_seed", "initial_seed")),
+                       ("streams", ("Stream", "Event")),
+                       ("amp", ("autocast", "GradScaler", "custom_fwd", "custom_bwd"))):
+        cuda_sub = importlib.import_module(f"torch.cuda.{sub}")
+        tpu_sub = importlib.import_module(f"torch.tpu.{sub}")
+        assert getattr(torch.tpu, sub) is tpu_sub
+        for n in names:
+            assert hasattr(cuda_sub, n) and hasattr(tpu_sub, n), (sub, n)
+    x = torch.ones(64, device="tpu")
+    assert torch.tpu.memory.memory_allocated("tpu:0") == torch.tpu.memory_allocated() >= x.nbytes
+    torch.tpu.random.manual_seed(7)
+    a = torch.rand(4, device="tpu")
+    torch.manual_seed(7)
+    assert torch.equal(a.cpu(), torch.rand(4, device="tpu").cpu())
+    assert "default_generators" in dir(torch.tpu)
+
+
+def test_deprecated_amp_names_are_torch_amps_on_tpu():
+    from torch.tpu.amp import GradScaler, autocast, custom_bwd, custom_fwd
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 8).to("tpu")
+    x = torch.randn(4, 8, device="tpu")
+    with pytest.warns(FutureWarning, match=r"torch.amp.autocast\('tpu'"):
+        ctx = autocast(dtype=torch.bfloat16)
+    with ctx:
+        got = m(x)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        want = m(x)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got.cpu(), want.cpu())
+    with pytest.warns(FutureWarning):
+        assert autocast().fast_dtype == torch.float16  # torch.cuda.amp.autocast's default
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        @custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        @custom_bwd
+        def backward(ctx, g):
+            return g * 2
+
+    with pytest.warns(FutureWarning):  # (the decorators above warned at class creation)
+        custom_fwd(lambda ctx, t: t)
+    h = torch.ones(3, device="tpu", dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        out = Scaled.apply(h)
+    assert out.dtype == torch.float32  # cast_inputs: run in float32 with autocast off
+    out.sum().backward()
+    assert torch.equal(h.grad.cpu(), torch.full((3,), 2.0, dtype=torch.bfloat16))
+
+    # GradScaler: the same steps as torch.amp.GradScaler("tpu"), an overflow skipped alike
+    results = []
+    for deprecated, make in ((True, lambda: GradScaler(init_scale=4.0, growth_interval=1)),
+                             (False, lambda: torch.amp.GradScaler("tpu", init_scale=4.0, growth_interval=1))):
+        torch.manual_seed(1)
+        lin = torch.nn.Linear(4, 1).to("tpu")
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        with pytest.warns(FutureWarning) if deprecated else contextlib.nullcontext():
+            scaler = make()
+        for inp in (torch.ones(2, 4), torch.full((2, 4), float("inf")), torch.ones(2, 4)):
+            opt.zero_grad()
+            scaler.scale(lin(inp.to("tpu")).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        results.append((scaler.get_scale(), lin.weight.detach().cpu()))
+    assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+
+
+def test_host_memory_stats_count_pinned_blocks():
+    before = torch.tpu.host_memory_stats()
+    keys = {"allocations.current", "allocations.peak", "allocated_bytes.allocated", "active_requests.freed",
+            "active_bytes.current", "num_host_alloc", "num_host_free", "host_alloc_time.avg",
+            "host_free_time.count"}
+    assert keys <= set(before) and list(before) == sorted(before)
+    assert all(isinstance(v, int) for v in before.values())
+    x = torch.empty(1000, dtype=torch.float32).pin_memory()
+    s = torch.tpu.host_memory_stats()
+    assert s["allocations.current"] == before["allocations.current"] + 1
+    assert s["allocated_bytes.current"] >= before["allocated_bytes.current"] + x.nbytes
+    assert s["num_host_alloc"] == before["num_host_alloc"] + 1 and s["host_alloc_time.count"] >= 1
+    nested = torch.tpu.host_memory_stats_as_nested_dict()
+    assert nested["allocations"]["current"] == s["allocations.current"]
+    del x
+    import gc
+
+    gc.collect()
+    s2 = torch.tpu.host_memory_stats()
+    assert s2["allocations.current"] == before["allocations.current"]
+    assert s2["num_host_free"] == before["num_host_free"] + 1
+    assert s2["allocations.peak"] >= before["allocations.current"] + 1
+    torch.tpu.reset_peak_host_memory_stats()
+    assert torch.tpu.host_memory_stats()["allocations.peak"] == s2["allocations.current"]
+    torch.tpu.reset_accumulated_host_memory_stats()
+    s3 = torch.tpu.host_memory_stats()
+    assert s3["num_host_alloc"] == s3["num_host_free"] == s3["host_alloc_time.count"] == 0
+    assert s3["allocations.current"] == s2["allocations.current"]

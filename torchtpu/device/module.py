@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from ..runtime import placement, rng, sync_debug
-from . import memory
+from . import memory as _memory  # (torch.tpu.memory is the public module device/submodules.py makes)
 
 
 def is_available() -> bool:
@@ -111,17 +111,17 @@ def _check(device) -> None:
 
 def get_device_name(device=None) -> str:
     """The XLA device behind "tpu": its kind on TPU/GPU ("TPU v5 lite"), "XLA:CPU (<model>)" on the host."""
-    return memory.device_name(_index(device))
+    return _memory.device_name(_index(device))
 
 
 def get_device_capability(device=None) -> tuple[int, int]:
     """(major, minor): the TPU generation, a GPU's compute capability, (0, 0) on XLA:CPU."""
-    return memory.device_capability(_index(device))
+    return _memory.device_capability(_index(device))
 
 
-def get_device_properties(device=None) -> memory.DeviceProperties:
+def get_device_properties(device=None) -> _memory.DeviceProperties:
     """name, platform, device_kind, total_memory, major, minor, multi_processor_count."""
-    return memory.DeviceProperties(_index(device))
+    return _memory.DeviceProperties(_index(device))
 
 
 def synchronize(device=None) -> None:
@@ -171,6 +171,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'torch.tpu' has no attribute '{name}'")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"default_generators"})
+
+
 def get_rng_state(device="tpu") -> torch.Tensor:
     return rng.get_state(_index(device))
 
@@ -190,24 +194,24 @@ def set_rng_state_all(new_states) -> None:
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live device buffers (storages still referenced by a tensor)."""
-    return memory.memory_allocated(_index(device))
+    return _memory.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    return memory.max_memory_allocated(_index(device))
+    return _memory.max_memory_allocated(_index(device))
 
 
 def memory_reserved(device=None) -> int:
     """Bytes PJRT holds for this process (equals memory_allocated() on XLA:CPU)."""
-    return memory.memory_reserved(_index(device))
+    return _memory.memory_reserved(_index(device))
 
 
 def max_memory_reserved(device=None) -> int:
-    return memory.max_memory_reserved(_index(device))
+    return _memory.max_memory_reserved(_index(device))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    memory.reset_peak_memory_stats(_index(device))
+    _memory.reset_peak_memory_stats(_index(device))
 
 
 def reset_max_memory_allocated(device=None) -> None:
@@ -216,17 +220,57 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def memory_stats(device=None) -> dict:
     """torch.cuda.memory_stats()'s keys where meaningful (allocated/active/reserved bytes)."""
-    return memory.memory_stats(_index(device))
+    return _memory.memory_stats(_index(device))
 
 
 def memory_stats_as_nested_dict(device=None) -> dict:
     """memory_stats() as the nested dict torch.cuda flattens it from."""
-    return memory.memory_stats_as_nested_dict(_index(device))
+    return _memory.memory_stats_as_nested_dict(_index(device))
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
     """Reset the accumulated counters of memory_stats() (num_ooms)."""
-    memory.reset_accumulated_memory_stats(_index(device))
+    _memory.reset_accumulated_memory_stats(_index(device))
+
+
+def host_memory_stats() -> "collections.OrderedDict[str, int]":
+    """The pinned host allocator's statistics (`pin_memory()`, `DataLoader(pin_memory=True)`,
+    non-blocking copies to the host), flattened as torch.cuda.host_memory_stats flattens its
+    own: "allocations.peak", "allocated_bytes.current", "host_alloc_time.avg", ..."""
+    import collections
+
+    flat = []
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, obj))
+
+    walk("", host_memory_stats_as_nested_dict())
+    return collections.OrderedDict(sorted(flat))
+
+
+def host_memory_stats_as_nested_dict() -> dict:
+    """host_memory_stats() as the nested dict it is flattened from (runtime/pinned.host_stats)."""
+    from ..runtime import pinned
+
+    return pinned.host_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset host_memory_stats()' historical counts ("allocated", "freed") and timings."""
+    from ..runtime import pinned
+
+    pinned.reset_accumulated_host_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Reset host_memory_stats()' "peak" values to the current ones."""
+    from ..runtime import pinned
+
+    pinned.reset_peak_host_stats()
 
 
 def memory_cached(device=None) -> int:
@@ -253,12 +297,12 @@ def device_memory_used(device=None) -> int:
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    return memory.memory_summary(abbreviated, _index(device))
+    return _memory.memory_summary(abbreviated, _index(device))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of device memory (host RAM on XLA:CPU)."""
-    return memory.mem_get_info(_index(device))
+    return _memory.mem_get_info(_index(device))
 
 
 def empty_cache() -> None:
@@ -330,3 +374,7 @@ def eager_mode(mode: str):
 
 
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: E402,F401
+
+from .submodules import install as _install_submodules  # noqa: E402
+
+_install_submodules(__name__)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -30,26 +31,81 @@ _lock = threading.Lock()
 _stats = {"blocks": 0, "bytes": 0}
 
 
+class _Stat:
+    """One of torch.tpu.host_memory_stats' counters: current, peak, and the historical
+    increase and decrease (CUDA's host allocator keeps the same four)."""
+    __slots__ = ("current", "peak", "allocated", "freed")
+
+    def __init__(self):
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def add(self, n: int) -> None:
+        self.current += n
+        self.allocated += n
+        self.peak = max(self.peak, self.current)
+
+    def sub(self, n: int) -> None:
+        self.current -= n
+        self.freed += n
+
+    def as_dict(self) -> dict:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+
+
+class _Timing:
+    """Microseconds spent in the allocator's calls: total, max, min, count, avg."""
+    __slots__ = ("total", "max", "min", "count")
+
+    def __init__(self):
+        self.total = self.max = self.min = self.count = 0
+
+    def add(self, us: int) -> None:
+        self.min = us if self.count == 0 else min(self.min, us)
+        self.max = max(self.max, us)
+        self.total += us
+        self.count += 1
+
+    def as_dict(self) -> dict:
+        return {"total": self.total, "max": self.max, "min": self.min, "count": self.count,
+                "avg": self.total // self.count if self.count else 0}
+
+
+# No block is cached for reuse (a block lives as long as its storage), so the blocks the
+# allocator owns are the blocks handed out: allocations and active_requests move together.
+_blocks, _bytes = _Stat(), _Stat()
+_alloc_time, _free_time = _Timing(), _Timing()
+
+
 def _forget(start: int) -> None:
+    t0 = time.perf_counter_ns()
     with _lock:
         i = bisect.bisect_left(_starts, start)
         if i < len(_starts) and _starts[i] == start:
             del _starts[i]
+            n = _ends.pop(start) - start
             _stats["blocks"] -= 1
-            _stats["bytes"] -= _ends.pop(start) - start
+            _stats["bytes"] -= n
+            _blocks.sub(1)
+            _bytes.sub(n)
+            _free_time.add((time.perf_counter_ns() - t0) // 1000)
 
 
 def empty_bytes(nbytes: int) -> torch.Tensor:
     """A new pinned CPU uint8 tensor of `nbytes` bytes (uninitialized, as torch.empty)."""
-    mm = mmap.mmap(-1, max(int(nbytes), 1))
+    t0 = time.perf_counter_ns()
+    size = max(int(nbytes), 1)
+    mm = mmap.mmap(-1, size)
     arr = np.frombuffer(mm, dtype=np.uint8)[:nbytes]
     t = torch.from_numpy(arr)  # the storage holds `arr`, `arr` holds the mapping
     start = arr.__array_interface__["data"][0]
     with _lock:
         bisect.insort(_starts, start)
-        _ends[start] = start + max(int(nbytes), 1)
+        _ends[start] = start + size
         _stats["blocks"] += 1
-        _stats["bytes"] += max(int(nbytes), 1)
+        _stats["bytes"] += size
+        _blocks.add(1)
+        _bytes.add(size)
+        _alloc_time.add((time.perf_counter_ns() - t0) // 1000)
     weakref.finalize(arr, _forget, start)
     return t
 
@@ -74,3 +130,32 @@ def is_pinned_ptr(ptr: int) -> bool:
 def stats() -> dict:
     """Live pinned blocks and their bytes."""
     return dict(_stats)
+
+
+def host_stats() -> dict:
+    """torch.tpu.host_memory_stats_as_nested_dict: the pinned allocator's counters in the
+    layout of CUDA's host allocator (allocations, allocated_bytes, active_requests and
+    active_bytes, each current/peak/allocated/freed; blocks made and released; the time of
+    making one (the mapping and its registration) and of releasing one (its registration:
+    the mapping goes with its storage right after), in microseconds)."""
+    with _lock:
+        return {"allocations": _blocks.as_dict(), "allocated_bytes": _bytes.as_dict(),
+                "active_requests": _blocks.as_dict(), "active_bytes": _bytes.as_dict(),
+                "num_host_alloc": _blocks.allocated, "num_host_free": _blocks.freed,
+                "host_alloc_time": _alloc_time.as_dict(), "host_free_time": _free_time.as_dict()}
+
+
+def reset_accumulated_host_stats() -> None:
+    """The historical counters (allocated, freed) and the timings start again from zero."""
+    global _alloc_time, _free_time
+    with _lock:
+        for s in (_blocks, _bytes):
+            s.allocated = s.freed = 0
+        _alloc_time, _free_time = _Timing(), _Timing()
+
+
+def reset_peak_host_stats() -> None:
+    """Peaks start again from the current values."""
+    with _lock:
+        for s in (_blocks, _bytes):
+            s.peak = s.current
