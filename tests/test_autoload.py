@@ -47,6 +47,18 @@ def test_import_torch_autoloads_the_tpu_device():
     assert r.stdout.split() == ["[]", "tpu:0", "True", "True"]
 
 
+def test_torch_tpu_submodules_import_before_torchtpu_loads():
+    # `from torch.cuda.amp import autocast` with cuda changed to tpu, under autoload alone:
+    # the import loads torchtpu, whose torch.tpu registers its submodules
+    r = _run("import sys, torch\n"
+             "from torch.tpu.amp import GradScaler, autocast\n"
+             "import torch.tpu.memory\n"
+             "print(torch.tpu.memory is sys.modules['torch.tpu.memory'], torch.tpu.amp.autocast is autocast)\n"
+             "try:\n    import torch.tpu.nothing\nexcept ImportError:\n    print('missing')\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "missing"]
+
+
 def test_autoload_can_be_disabled_like_any_backend():
     r = _run(PROGRAM, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode != 0

@@ -30,6 +30,7 @@ torch are imported here: the entry point loads this file without running torchtp
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -97,10 +98,42 @@ def load_torchtpu() -> types.ModuleType:
 class _LazyTpuModule(types.ModuleType):
     """torch.tpu before torchtpu loads: any attribute loads it and is read from the real one."""
 
+    # a package to the import system, so `import torch.tpu.amp` asks the finders (below)
+    # instead of failing with "'torch.tpu' is not a package"
+    __path__: list = []
+
     def __getattr__(self, name: str):
         if name.startswith("__"):  # import machinery, pickle, inspect: not a use of the device
             raise AttributeError(name)
         return getattr(load_torchtpu(), name)
+
+
+class _Registered(importlib.abc.Loader):
+    """A loader handing out a module already in sys.modules."""
+
+    def __init__(self, module: types.ModuleType):
+        self.module = module
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class _SubmoduleFinder(importlib.abc.MetaPathFinder):
+    """`import torch.tpu.amp` (.memory, .random, .streams) before torchtpu loads: loads it;
+    the real torch.tpu registers its submodules in sys.modules (device/submodules.py)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("torch.tpu.") or fullname.count(".") != 2:
+            return None
+        load_torchtpu()
+        module = sys.modules.get(fullname)
+        return None if module is None else importlib.util.spec_from_loader(fullname, _Registered(module))
+
+
+_finder = _SubmoduleFinder()
 
 
 def _is_in_bad_fork() -> bool:
@@ -236,6 +269,8 @@ def bind() -> None:
         if _real or _libs:
             return
         module = _LazyTpuModule("torch.tpu", "torch.tpu until torchtpu loads (torchtpu.device.lazy)")
+        if _finder not in sys.meta_path:
+            sys.meta_path.append(_finder)
         module._is_in_bad_fork = _is_in_bad_fork
         module.manual_seed_all = _manual_seed_all
         if not name_device(module):
@@ -283,6 +318,8 @@ def retire(real_module: types.ModuleType) -> None:
             else:
                 setattr(owner, name, original)
         _patches.clear()
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
         if getattr(torch, "tpu", None) is not real_module:
             torch.tpu = real_module
         sys.modules["torch.tpu"] = real_module
