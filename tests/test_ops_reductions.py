@@ -495,3 +495,21 @@ def test_topk_kthvalue_ties_match_cpu(no_fallback, dim):
     a, e = torch.topk(xf.to("tpu"), 4), torch.topk(xf, 4)
     assert_same(a[0], e[0], equal_nan=True)
     assert torch.equal(a[1].cpu(), e[1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_nll_loss_rejects_a_weight_not_one_per_class(mode):
+    # CPU raises; the lowering read past (or broadcast) a weight of the wrong length and
+    # returned a number
+    logp = torch.randn(2, 3).log_softmax(1)
+    tgt = torch.tensor([0, 1])
+    for w in (torch.ones(2), torch.ones(4), torch.ones(1, 3)):
+        for f in (lambda a, b, c: F.nll_loss(a, b, weight=c), lambda a, b, c: F.cross_entropy(a, b, weight=c)):
+            with pytest.raises(RuntimeError) as want:
+                f(logp, tgt, w)
+            with torchtpu.eager_mode(mode), pytest.raises(RuntimeError) as got:
+                f(logp.to("tpu"), tgt.to("tpu"), w.to("tpu"))
+            assert str(got.value).startswith(str(want.value).splitlines()[0]), (got.value, want.value)
+    with torchtpu.eager_mode(mode):  # one per class still runs
+        got = F.nll_loss(logp.to("tpu"), tgt.to("tpu"), weight=torch.ones(3, device="tpu"))
+    assert torch.allclose(got.cpu(), F.nll_loss(logp, tgt, weight=torch.ones(3)))

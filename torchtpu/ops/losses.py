@@ -71,12 +71,23 @@ def _nll_forward(self, target, weight, reduction, ignore_index, batched):
     return out.astype(dt), total.astype(dt)
 
 
-def _check_nll(self, target, two_d):
+def _check_weight(self, weight, two_d):
+    """CPU's check of a class weight: one per class (XLA would read past it or broadcast)."""
+    if weight is None:
+        return
+    n = self.shape[1] if two_d else self.shape[-1]
+    if weight.size != n or (not two_d and weight.ndim != 1):
+        raise RuntimeError(f"weight tensor should be defined either for all {n} classes or no classes but got "
+                           f"weight tensor of shape: [{', '.join(str(d) for d in weight.shape)}]")
+
+
+def _check_nll(self, target, two_d, weight=None):
     if two_d:
         if self.ndim != 4 or target.ndim != 3:
             raise RuntimeError(
                 f"only batches of spatial targets supported (3D tensors) but got targets of dimension: {target.ndim}"
             )
+        _check_weight(self, weight, True)
         return
     if self.ndim not in (1, 2):
         raise RuntimeError("input tensor should be 1D or 2D")
@@ -86,17 +97,18 @@ def _check_nll(self, target, two_d):
         raise ValueError(
             f"Expected input batch_size ({self.shape[0]}) to match target batch_size ({target.shape[0]})."
         )
+    _check_weight(self, weight, False)
 
 
 @lower("nll_loss_forward")
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
-    _check_nll(self, target, False)
+    _check_nll(self, target, False, weight)
     return _nll_forward(self, target, weight, reduction, ignore_index, self.ndim == 2)
 
 
 @lower("nll_loss2d_forward")
 def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
-    _check_nll(self, target, True)
+    _check_nll(self, target, True, weight)
     return _nll_forward(self, target, weight, reduction, ignore_index, True)
 
 
