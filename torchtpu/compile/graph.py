@@ -290,7 +290,7 @@ def _refusal(node) -> tuple | None:
             if isinstance(t, torch.device) and t.type == "tpu":
                 op_args.check_device(t, f"aten::{name}")
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-        err = argcheck.narrow_float_refusal(node.target, args, kwargs)
+        err = argcheck.dtype_refusal(node.target, args, kwargs)
         if err is not None:
             raise err
     except Exception as err:  # noqa: BLE001  (its class and message, raised at each call)

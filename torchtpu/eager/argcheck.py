@@ -61,6 +61,7 @@ def check(op: torch._ops.OpOverload, args, kwargs, ask_cpu: bool = False) -> Non
     """Raise CPU's error for arguments the meta kernel of `op` rejects; else return."""
     if op.__name__ in SKIP:
         return
+    check_dtypes(op, args, kwargs)
     # meta kernels do not make every overlap check CPU kernels make: overlapping calls ask CPU
     overlaps = (ask_cpu or _overlaps(op, args, kwargs) or _narrow_float(op, args, kwargs)
                 or _mixed_dtypes(op, args, kwargs))
@@ -189,15 +190,76 @@ def _narrow_float(op, args, kwargs) -> bool:
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
-_narrow_verdicts = _caches.register("float8/float4 verdicts of traced calls", _caches.LRU(4096))
+_narrow_verdicts = _caches.register("dtype verdicts of CPU kernels", _caches.LRU(4096))
+
+# Ops that take any dtype CPU has (moves, copies, views, factories): no verdict to ask for.
+_EVERY_DTYPE = _NARROW_ACCEPTED | {"_to_copy.default", "_copy_from.default", "_copy_from_and_resize.default",
+                                   "as_strided.default", "view.default", "alias.default", "detach.default",
+                                   "lift_fresh.default", "set_.source_Storage_storage_offset",
+                                   "resize_.default", "_local_scalar_dense.default", "equal.default"}
 
 
-def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
+# Ops CPU's and CUDA's kernels both refuse for integer and bool tensors that their meta
+# kernels accept. (Not every such op: Transformers' accelerator paths call histc and the like on
+# integer tensors, which CUDA's kernels take and CPU's do not.)
+_NO_INTEGERS = {"_softmax.default", "_log_softmax.default", "gelu.default", "gelu_backward.default"}
+
+
+def _dtype_class(op, args, kwargs) -> str | None:
+    """Which kind of dtype verdict a call may get from CPU's kernels: "narrow" (a float8/float4
+    tensor or dtype=: CPU implements few ops for them), "other" (a complex tensor with no
+    integer one: ordering ops, clamp, sign, atan2, unique, ... refuse complex in CPU's (and
+    CUDA's) kernels, where meta kernels do not look; or integer tensors in one of _NO_INTEGERS),
+    or None. A complex call with integer tensors (an index_select's index) is not asked: run on
+    stand-ins of size 1 its tensors could disagree, which a CPU kernel may not survive; dtypes
+    carried in another type (complex32: eager/carried.py) are carried.py's."""
+    if _narrow_float(op, args, kwargs):
+        return "narrow"
+    if op.__name__ in _EVERY_DTYPE or torch.Tag.nondeterministic_seeded in op.tags:
+        return None  # (a random op run on CPU would draw from CPU's generator)
+    complex_, integer, floating = False, False, False
+    for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            if t.dtype in CARRIED:
+                return None
+            complex_ |= t.dtype.is_complex
+            floating |= t.dtype.is_floating_point
+            integer |= not (t.dtype.is_complex or t.dtype.is_floating_point)
+    if complex_ and not integer:
+        return "other"
+    if integer and not (complex_ or floating) and op.__name__ in _NO_INTEGERS:
+        return "other"
+    return None
+
+
+def _verdict(err) -> bool:
+    """Whether CPU's error on zeros is a verdict on the dtypes: "... not implemented for
+    'ComplexFloat'", "clamp is not supported for complex types", "max(): does not support
+    complex input" (not "Could not run ... with arguments from the 'CPU' backend": an op CPU
+    lacks for every dtype)."""
+    msg = str(err)
+    if not isinstance(err, (NotImplementedError, RuntimeError)) or "Could not run" in msg:
+        return False
+    return "not implemented for '" in msg or "complex" in msg.lower()
+
+
+def check_dtypes(op: torch._ops.OpOverload, args, kwargs) -> None:
+    """Raise CPU's error where its kernels refuse the call's dtypes and its meta kernel does
+    not (max of a complex tensor, softmax of an integer one: dtype_refusal)."""
+    refused = dtype_refusal(op, args, kwargs)
+    if refused is not None:
+        raise refused
+
+
+def dtype_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
     """For a call (its tensors on any device, fake or meta as a compiled graph holds them): CPU's
-    NotImplementedError when its kernels implement `op` for none of the float8/float4 dtypes
-    the call uses, else None. CPU runs the call on zeros of the tensors' shapes and dtypes,
-    so only its dtype verdict counts; one verdict per op, shapes and dtypes."""
-    if not _narrow_float(op, args, kwargs):
+    error when its kernels implement `op` for none of the dtypes the call uses (float8/float4,
+    and complex, integer or bool tensors: see _dtype_class), else None. CPU runs the call on
+    zeros of the tensors' dtypes, so only its dtype verdict counts: float8/float4 calls at the
+    tensors' shapes (a matmul's verdict depends on them), the others at sizes clipped to 1 (a
+    verdict on a dtype, asked once per op, dtypes and ranks at the cost of a tiny CPU call)."""
+    kind = _dtype_class(op, args, kwargs)
+    if kind is None:
         return None
 
     def size(s):
@@ -206,7 +268,7 @@ def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseExcepti
 
     def conv(a):
         if isinstance(a, torch.Tensor):
-            return torch.zeros([size(d) for d in a.shape], dtype=a.dtype)
+            return torch.zeros([size(d) if kind == "narrow" else 1 for d in a.shape], dtype=a.dtype)
         if isinstance(a, torch.device) or (isinstance(a, str) and a.split(":")[0] == "tpu"):
             return torch.device("cpu")
         if isinstance(a, torch.SymInt):
@@ -222,7 +284,11 @@ def narrow_float_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseExcepti
         found = _narrow_verdicts.get(key, False)
         if found is False:
             err = _run_cpu(op, cargs, ckwargs)
-            found = _narrow_verdicts[key] = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
+            if kind == "narrow":
+                found = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
+            else:
+                found = (type(err), str(err)) if err is not None and _verdict(err) else None
+            _narrow_verdicts[key] = found
     if found is None:
         return None
     name = str(op).removeprefix("aten.")

@@ -239,6 +239,8 @@ def _full(low: Lowering, args, kwargs, q):
         cplx = argcheck.complex_into_real(args, kwargs)
         if low.own_schema or cplx:  # CPU's argument checks, once per signature
             argcheck.check(low.overload, args, kwargs, ask_cpu=cplx)
+        else:
+            argcheck.check_dtypes(low.overload, args, kwargs)
         compiled = Compiled()
         compiled.key = key
         compiled.program = build(low, pos, kw, flat.leaves, store_specs, compiled,

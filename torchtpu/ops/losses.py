@@ -209,11 +209,23 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 # --- classification losses ---------------------------------------------------------
 
 
+def _check_probabilities(x, t):
+    """CPU's check, element by element in order, that input and target lie in [0, 1] (a NaN
+    does not): the first element failing either names which."""
+    from . import checks
+
+    bad_x = ~((x >= 0) & (x <= 1))
+    bad = bad_x | ~((t >= 0) & (t <= 1))
+    checks.report(bad, checks.first(bad, bad_x), message=lambda v, _: (
+        f"all elements of {'input' if v else 'target'} should be between 0 and 1"))
+
+
 @lower("binary_cross_entropy")
 def binary_cross_entropy(self, target, weight=None, reduction=1):
     dt = jnp.dtype(self.dtype)
     acc = _acc(dt)
     x, t = self.astype(acc), target.astype(acc)
+    _check_probabilities(x, jnp.broadcast_to(t, x.shape))
     lo = jnp.asarray(-100, acc)
     loss = (t - 1) * jnp.maximum(jnp.log1p(-x), lo) - t * jnp.maximum(jnp.log(x), lo)
     if weight is not None:

@@ -534,6 +534,12 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights, incl
     bad = (indices < 0) | (indices >= nw)
     checks.report(bad, jnp.argmax(bad.reshape(-1)) if n else 0, checks.first(bad, indices),
                   message=lambda i, v: f"Index {i} of input takes value {v} which is not in the valid range [0, {nw})")
+    if offsets.shape[0]:  # CPU's checks of the bag boundaries
+        checks.report(offsets[0] != 0, offsets[0], message=lambda v, _: (
+            "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+            f"However, got {v}"))
+        checks.report(offsets[-1] > n, offsets[-1], message=lambda v, _: (
+            f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {v}"))
     _, nb, bag = _bags(offsets, n, include_last_offset)
     keep = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), bool)
     if include_last_offset:

@@ -17,6 +17,7 @@ from jax import lax
 
 from ..runtime import sync_debug
 from ..runtime.jaxenv import to_jax_dtype
+from ._common import scalar_type_name
 from .promotion import promote as _promote
 from .registry import DEFAULT, INT_TO_FLOAT, kernel, lower
 
@@ -1032,7 +1033,7 @@ def bincount(self, weights=None, minlength=0):
     if self.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
-        raise RuntimeError(f"\"bincount_cpu\" not implemented for '{str(self.dtype)[6:].capitalize()}'")
+        raise NotImplementedError(f"\"bincount_cpu\" not implemented for '{scalar_type_name(self.dtype)}'")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if weights is not None and weights.shape != self.shape:

@@ -13,7 +13,7 @@ from ...ops.indexing import INDEX, INDEX_PUT
 from ...runtime.jaxenv import to_jax_dtype
 from ...ops.registry import kernel
 from ...runtime.jaxenv import NARROW_FLOATS
-from ..argcheck import narrow_float_refusal
+from ..argcheck import dtype_refusal
 from ..executor import execute
 
 _MASKS = (torch.bool, torch.uint8)
@@ -56,7 +56,7 @@ def _to_self(self, indices):
 def _refuse_narrow(op, self, indices, values=None) -> None:
     """CPU indexes no float4 tensor (its index kernels dispatch on dtype): nor may tpu."""
     if self.dtype in NARROW_FLOATS or (values is not None and values.dtype in NARROW_FLOATS):
-        err = narrow_float_refusal(op, (self, indices) if values is None else (self, indices, values), {})
+        err = dtype_refusal(op, (self, indices) if values is None else (self, indices, values), {})
         if err is not None:
             raise err
 
