@@ -190,7 +190,7 @@ def _narrow_float(op, args, kwargs) -> bool:
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
-_narrow_verdicts = _caches.register("dtype verdicts of CPU kernels", _caches.LRU(4096))
+_verdicts = _caches.register("dtype verdicts of CPU kernels", _caches.LRU(4096))
 
 # Ops that take any dtype CPU has (moves, copies, views, factories): no verdict to ask for.
 _EVERY_DTYPE = _NARROW_ACCEPTED | {"_to_copy.default", "_copy_from.default", "_copy_from_and_resize.default",
@@ -254,7 +254,7 @@ def check_dtypes(op: torch._ops.OpOverload, args, kwargs) -> None:
 def dtype_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | None:
     """For a call (its tensors on any device, fake or meta as a compiled graph holds them): CPU's
     error when its kernels implement `op` for none of the dtypes the call uses (float8/float4,
-    and complex, integer or bool tensors: see _dtype_class), else None. CPU runs the call on
+    complex, and integers for a few ops: see _dtype_class), else None. CPU runs the call on
     zeros of the tensors' dtypes, so only its dtype verdict counts: float8/float4 calls at the
     tensors' shapes (a matmul's verdict depends on them), the others at sizes clipped to 1 (a
     verdict on a dtype, asked once per op, dtypes and ranks at the cost of a tiny CPU call)."""
@@ -281,14 +281,14 @@ def dtype_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | No
         cargs, ckwargs = tree_map(conv, (args, kwargs))
         key = (op, repr(tree_map(lambda a: (a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a,
                                  (cargs, ckwargs))))
-        found = _narrow_verdicts.get(key, False)
+        found = _verdicts.get(key, False)
         if found is False:
             err = _run_cpu(op, cargs, ckwargs)
             if kind == "narrow":
                 found = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
             else:
                 found = (type(err), str(err)) if err is not None and _verdict(err) else None
-            _narrow_verdicts[key] = found
+            _verdicts[key] = found
     if found is None:
         return None
     name = str(op).removeprefix("aten.")
