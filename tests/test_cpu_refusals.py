@@ -20,11 +20,18 @@ BY_DTYPE = {
     "softmax of int": (lambda x: torch.softmax(x, 0), I), "log_softmax of int": (lambda x: torch.log_softmax(x, 1), I),
     "gelu of int": (lambda x: F.gelu(x), I), "bincount of bool": (lambda x: torch.bincount(x), torch.tensor([True])),
     "bincount of float": (lambda x: torch.bincount(x), torch.tensor([1.0])),
+    "abs of bool": (lambda x: x.abs(), torch.tensor([True, False])),
+    "lerp of int": (lambda x: torch.lerp(x, x * 2, 0.5), I),
+    "bool minus a number": (lambda x: x - 1, torch.tensor([True, False])),
+    "a number minus bool": (lambda x: 1 - x, torch.tensor([True, False])),
+    "minus a Python bool": (lambda x: x.sub(True), torch.ones(2)),
+    "float minus bool": (lambda x: x.float() - x, torch.tensor([True, False])),
 }
 ACCEPTED = {
     "complex add": (lambda x: x * 2 + x, C), "complex abs": (lambda x: x.abs(), C), "int sum": (lambda x: x.sum(1), I),
     "int max": (lambda x: x.max(), I), "softmax of int as float": (lambda x: torch.softmax(x, 0, dtype=torch.float32), I),
     "bool any": (lambda x: x.any(), I > 2), "complex matmul": (lambda x: x[:, None] @ x[None, :], C),
+    "abs of int": (lambda x: x.abs(), -I), "int minus a number": (lambda x: x - 1, I),
 }
 BY_DATA = {
     "bce input": (lambda x, t: F.binary_cross_entropy(x, t), torch.tensor([0.5, 1.5]), torch.tensor([1.0, 0.5])),

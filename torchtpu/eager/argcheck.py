@@ -202,7 +202,9 @@ _EVERY_DTYPE = _NARROW_ACCEPTED | {"_to_copy.default", "_copy_from.default", "_c
 # Ops CPU's and CUDA's kernels both refuse for integer and bool tensors that their meta
 # kernels accept. (Not every such op: Transformers' accelerator paths call histc and the like on
 # integer tensors, which CUDA's kernels take and CPU's do not.)
-_NO_INTEGERS = {"_softmax.default", "_log_softmax.default", "gelu.default", "gelu_backward.default"}
+_NO_INTEGERS = {"_softmax.default", "_log_softmax.default", "gelu.default", "gelu_backward.default",
+                "lerp.Scalar", "lerp.Tensor"}
+_NO_BOOL = {"abs.default"}  # (integers are fine)
 
 
 def _dtype_class(op, args, kwargs) -> str | None:
@@ -227,7 +229,9 @@ def _dtype_class(op, args, kwargs) -> str | None:
             integer |= not (t.dtype.is_complex or t.dtype.is_floating_point)
     if complex_ and not integer:
         return "other"
-    if integer and not (complex_ or floating) and op.__name__ in _NO_INTEGERS:
+    if integer and not (complex_ or floating) and (op.__name__ in _NO_INTEGERS or (
+            op.__name__ in _NO_BOOL and all(t.dtype == torch.bool for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                                            if isinstance(t, torch.Tensor)))):
         return "other"
     return None
 
