@@ -361,8 +361,6 @@ def masked_scatter(self, mask, source):
         return s
     pos = jnp.cumsum(m.astype(jnp.int64)) - 1
     src = source.reshape(-1).astype(self.dtype)
-    from . import checks
-
     # CPU: "Number of elements of source < number of ones in mask" (XLA would repeat the last)
     checks.report(pos[-1] >= src.size, message="Number of elements of source < number of ones in mask")
     if src.size == 0:

@@ -212,8 +212,6 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 def _check_probabilities(x, t):
     """CPU's check, element by element in order, that input and target lie in [0, 1] (a NaN
     does not): the first element failing either names which."""
-    from . import checks
-
     bad_x = ~((x >= 0) & (x <= 1))
     bad = bad_x | ~((t >= 0) & (t <= 1))
     checks.report(bad, checks.first(bad, bad_x), message=lambda v, _: (

@@ -28,7 +28,6 @@ import torch
 _starts: list[int] = []  # sorted block start addresses
 _ends: dict[int, int] = {}
 _lock = threading.Lock()
-_stats = {"blocks": 0, "bytes": 0}
 
 
 class _Stat:
@@ -83,8 +82,6 @@ def _forget(start: int) -> None:
         if i < len(_starts) and _starts[i] == start:
             del _starts[i]
             n = _ends.pop(start) - start
-            _stats["blocks"] -= 1
-            _stats["bytes"] -= n
             _blocks.sub(1)
             _bytes.sub(n)
             _free_time.add((time.perf_counter_ns() - t0) // 1000)
@@ -101,8 +98,6 @@ def empty_bytes(nbytes: int) -> torch.Tensor:
     with _lock:
         bisect.insort(_starts, start)
         _ends[start] = start + size
-        _stats["blocks"] += 1
-        _stats["bytes"] += size
         _blocks.add(1)
         _bytes.add(size)
         _alloc_time.add((time.perf_counter_ns() - t0) // 1000)
@@ -129,7 +124,7 @@ def is_pinned_ptr(ptr: int) -> bool:
 
 def stats() -> dict:
     """Live pinned blocks and their bytes."""
-    return dict(_stats)
+    return {"blocks": _blocks.current, "bytes": _bytes.current}
 
 
 def host_stats() -> dict:
