@@ -86,7 +86,7 @@ def test_data_cpu_refuses_is_refused(mode, name):
     assert got is not None and got[0] is want[0] and got[1].startswith(want[1]), (got, want)
 
 
-@pytest.mark.parametrize("name", ["max", "clamp", "softmax of int"])
+@pytest.mark.parametrize("name", ["max", "clamp", "softmax of int", "bool minus a number"])
 def test_compiled_graphs_refuse_the_same_dtypes(name):
     fn, x = BY_DTYPE[name]
     want = _error(fn, x)

@@ -193,10 +193,10 @@ def _narrow_float(op, args, kwargs) -> bool:
 _verdicts = _caches.register("dtype verdicts of CPU kernels", _caches.LRU(4096))
 
 # Ops that take any dtype CPU has (moves, copies, views, factories): no verdict to ask for.
-_EVERY_DTYPE = _NARROW_ACCEPTED | {"_to_copy.default", "_copy_from.default", "_copy_from_and_resize.default",
-                                   "as_strided.default", "view.default", "alias.default", "detach.default",
-                                   "lift_fresh.default", "set_.source_Storage_storage_offset",
-                                   "resize_.default", "_local_scalar_dense.default", "equal.default"}
+_EVERY_DTYPE = _NARROW_ACCEPTED | {"_copy_from.default", "_copy_from_and_resize.default", "as_strided.default",
+                                   "view.default", "alias.default", "detach.default", "lift_fresh.default",
+                                   "set_.source_Storage_storage_offset", "resize_.default",
+                                   "_local_scalar_dense.default", "equal.default"}
 
 
 # Ops CPU's and CUDA's kernels both refuse for integer and bool tensors that their meta
@@ -205,6 +205,10 @@ _EVERY_DTYPE = _NARROW_ACCEPTED | {"_to_copy.default", "_copy_from.default", "_c
 _NO_INTEGERS = {"_softmax.default", "_log_softmax.default", "gelu.default", "gelu_backward.default",
                 "lerp.Scalar", "lerp.Tensor"}
 _NO_BOOL = {"abs.default"}  # (integers are fine)
+# Ops CPU refuses with any bool operand, a Python bool too, whatever the other's dtype
+# (sub_check: "Subtraction, the `-` operator, with a bool tensor is not supported"); promotion
+# would hide it from the lowering (bool - 1 computed in int64)
+_NO_BOOL_OPERAND = {"sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar"}
 
 
 def _dtype_class(op, args, kwargs) -> str | None:
@@ -219,32 +223,34 @@ def _dtype_class(op, args, kwargs) -> str | None:
         return "narrow"
     if op.__name__ in _EVERY_DTYPE or torch.Tag.nondeterministic_seeded in op.tags:
         return None  # (a random op run on CPU would draw from CPU's generator)
-    complex_, integer, floating = False, False, False
+    complex_, integer, floating, all_bool = False, False, False, True
     for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if op.__name__ in _NO_BOOL_OPERAND and (type(t) is bool or getattr(t, "dtype", None) == torch.bool):
+            return "other"
         if isinstance(t, torch.Tensor):
             if t.dtype in CARRIED:
                 return None
             complex_ |= t.dtype.is_complex
             floating |= t.dtype.is_floating_point
             integer |= not (t.dtype.is_complex or t.dtype.is_floating_point)
+            all_bool &= t.dtype == torch.bool
     if complex_ and not integer:
         return "other"
-    if integer and not (complex_ or floating) and (op.__name__ in _NO_INTEGERS or (
-            op.__name__ in _NO_BOOL and all(t.dtype == torch.bool for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                                            if isinstance(t, torch.Tensor)))):
+    if integer and not (complex_ or floating) and (
+            op.__name__ in _NO_INTEGERS or (all_bool and op.__name__ in _NO_BOOL)):
         return "other"
     return None
 
 
-def _verdict(err) -> bool:
+def _verdict(op, err) -> bool:
     """Whether CPU's error on zeros is a verdict on the dtypes: "... not implemented for
     'ComplexFloat'", "clamp is not supported for complex types", "max(): does not support
-    complex input" (not "Could not run ... with arguments from the 'CPU' backend": an op CPU
-    lacks for every dtype)."""
+    complex input", sub_check's (not "Could not run ... with arguments from the 'CPU'
+    backend": an op CPU lacks for every dtype)."""
     msg = str(err)
     if not isinstance(err, (NotImplementedError, RuntimeError)) or "Could not run" in msg:
         return False
-    return "not implemented for '" in msg or "complex" in msg.lower()
+    return "not implemented for '" in msg or "complex" in msg.lower() or op.__name__ in _NO_BOOL_OPERAND
 
 
 def check_dtypes(op: torch._ops.OpOverload, args, kwargs) -> None:
@@ -291,7 +297,7 @@ def dtype_refusal(op: torch._ops.OpOverload, args, kwargs) -> BaseException | No
             if kind == "narrow":
                 found = (type(err), str(err)) if isinstance(err, NotImplementedError) else None
             else:
-                found = (type(err), str(err)) if err is not None and _verdict(err) else None
+                found = (type(err), str(err)) if err is not None and _verdict(op, err) else None
             _verdicts[key] = found
     if found is None:
         return None

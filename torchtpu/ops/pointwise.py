@@ -106,24 +106,8 @@ def _alpha_check(self, other, alpha=1):
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
 
 
-def _sub_check(self, other, alpha=1):
-    # CPU's sub_check: no bool operand (a Python bool counts), which promotion would hide
-    # from the lowering (bool - 1 computed as int64)
-    _alpha_check(self, other, alpha)
-    a = getattr(self, "dtype", None) is torch.bool or type(self) is bool
-    b = getattr(other, "dtype", None) is torch.bool or type(other) is bool
-    if a and b:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                           "Use the `^` or `logical_xor()` operator instead.")
-    if a or b:
-        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
-                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
-
-
-for _name in ("add.Tensor", "add.Scalar"):
+for _name in ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar"):
     LOWERINGS[_name].check = _alpha_check
-for _name in ("sub.Tensor", "sub.Scalar"):
-    LOWERINGS[_name].check = _sub_check
 
 
 @lower("rsub.Tensor", "rsub.Scalar", promote=DEFAULT)
@@ -131,10 +115,6 @@ def rsub(self, other, alpha=1):
     if _is_one(alpha):
         return other - self
     return other - self * alpha
-
-
-for _name in ("rsub.Tensor", "rsub.Scalar"):
-    LOWERINGS[_name].check = _sub_check
 
 
 @lower("mul.Tensor", "mul.Scalar", promote=DEFAULT)
