@@ -22,7 +22,8 @@
 //   a view of `base`'s storage on device 0 with that geometry (tensors.alias)
 // hit(compiled, entries, packed) -> result | NotImplemented
 //   runs compiled.hit (the plan eager/executor.py made after the op's first run) on the
-//   entries' buffers and the packed runtime scalars; NotImplemented where the Python path
+//   entries' buffers and the packed runtime scalars, through the program's executable where
+//   the plan has it (runtime/direct.py), else its jitted function; NotImplemented where the Python path
 //   must serve the call (a buffer not computed yet, or the call raised: that path runs it
 //   again and reports the error as it does)
 // configure_fast(...), fast(state, args, kwargs), graph_fast(quick, args)
@@ -67,6 +68,7 @@ struct State {
 } st;
 
 PyObject* s_hit;
+PyObject* s_consume;
 PyObject* s_used;
 PyObject* s_watch;
 PyObject* s_index;
@@ -523,11 +525,54 @@ PyObject* structured(PyObject* results, long structure) {
   return results;
 }
 
+// the program's executable called on `bufs` and the packed scalars without jax.jit's dispatch
+// (runtime/direct.py): direct = (execute_sharded, handlers, unflatten); what the jitted
+// function returns, or Py_NotImplemented (a new reference, no error) where a packed scalar is
+// not a JAX array (the jitted function takes those: it converts them)
+PyObject* call_direct(PyObject* direct, PyObject* bufs, PyObject* packed) {
+  const Py_ssize_t nb = PyTuple_GET_SIZE(bufs);
+  Py_ssize_t np = 0;
+  if (packed != Py_None) {
+    if (!PyTuple_Check(packed)) Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(packed); ++i) {
+      PyObject* p = PyTuple_GET_ITEM(packed, i);
+      if (p == Py_None) continue;
+      if (Py_TYPE(p) != st.array_type) Py_RETURN_NOTIMPLEMENTED;
+      ++np;
+    }
+  }
+  PyObject* flat = PyList_New(nb + np);
+  if (!flat) return nullptr;
+  for (Py_ssize_t i = 0; i < nb; ++i) {
+    PyObject* b = PyTuple_GET_ITEM(bufs, i);
+    Py_INCREF(b);
+    PyList_SET_ITEM(flat, i, b);
+  }
+  if (np) {
+    Py_ssize_t k = nb;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(packed); ++i) {
+      PyObject* p = PyTuple_GET_ITEM(packed, i);
+      if (p == Py_None) continue;
+      Py_INCREF(p);
+      PyList_SET_ITEM(flat, k++, p);
+    }
+  }
+  PyObject* results = PyObject_CallOneArg(PyTuple_GET_ITEM(direct, 0), flat);
+  Py_DECREF(flat);
+  if (!results) return nullptr;
+  PyObject* outs = PyObject_CallMethodOneArg(results, s_consume, PyTuple_GET_ITEM(direct, 1));
+  Py_DECREF(results);
+  if (!outs) return nullptr;
+  PyObject* r = PyObject_CallOneArg(PyTuple_GET_ITEM(direct, 2), outs);
+  Py_DECREF(outs);
+  return r;
+}
+
 // compiled.hit run on the entries' buffers; NotImplemented where the Python path must serve
 PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
   PyObject* plan = PyObject_GetAttr(compiled, s_hit);
   if (!plan) return nullptr;
-  if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 6) {
+  if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 7) {
     Py_DECREF(plan);
     return not_here();
   }
@@ -564,7 +609,12 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
     return nullptr;
   }
   Py_DECREF(now);
-  PyObject* r = PyObject_CallFunctionObjArgs(fn, bufs, packed, empty_tuple, nullptr);
+  PyObject* direct = PyTuple_GET_ITEM(plan, 6);
+  PyObject* r = direct != Py_None ? call_direct(direct, bufs, packed) : nullptr;
+  if (direct == Py_None || r == Py_NotImplemented) {
+    Py_XDECREF(r);
+    r = PyObject_CallFunctionObjArgs(fn, bufs, packed, empty_tuple, nullptr);
+  }
   Py_DECREF(bufs);
   if (!r) {
     Py_DECREF(plan);
@@ -905,7 +955,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         }
         plan = nullptr;
       }
-      if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 6) {
+      if (plan && PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) == 7) {
         PyObject* packed;
         if (PyList_GET_SIZE(dyn) || PyList_GET_SIZE(offsets) || sizes) {
           PyObject* vals = runtime_values(dyn, offsets, sizes);  // offsets ride after the scalars
@@ -1201,6 +1251,7 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit",
 
 PyMODINIT_FUNC PyInit__hit(void) {
   s_hit = PyUnicode_InternFromString("hit");
+  s_consume = PyUnicode_InternFromString("consume_with_handlers");
   s_fits = PyUnicode_InternFromString("fits");
   s_compiled = PyUnicode_InternFromString("compiled");
   s_sizes = PyUnicode_InternFromString("sizes");

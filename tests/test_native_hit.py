@@ -364,3 +364,53 @@ def _beside_a_dynamic_tensor(mode, monkeypatch, executor):
             assert_same(tx + ty, x + y, rtol=0, atol=0)
             assert_same(td * 2, d * 2, rtol=0, atol=0)
     assert seen == ["mul.Tensor"] * 3, seen
+
+
+def _backend_compiles():
+    from jax import monitoring
+
+    seen = []
+
+    def listen(event, secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(secs)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    return seen, listen
+
+
+@torchtpu.eager_mode("strict")
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_hits_call_the_executable_and_compile_nothing_more(dtype, gate_open):
+    """A planned hit runs the executable jax.jit compiled at the first call (runtime/direct.py):
+    planning it asks JAX's caches, never XLA, and its results are CPU's."""
+    from jax._src import monitoring as _monitoring
+
+    x, y = _inputs(dtype)
+    x, y = x[:, :3].contiguous(), y[:, :3].contiguous()  # (a shape no other test here compiles)
+    tx, ty = to_tpu((x, y))
+    seen, listen = _backend_compiles()
+    try:
+        before = _native_hits()
+        for _ in range(4):
+            assert_same(tx - ty if dtype != torch.bool else tx ^ ty, x - y if dtype != torch.bool else x ^ y,
+                        rtol=0, atol=0)
+        assert _native_hits() >= before + 3
+        assert len(seen) <= 1  # the first call's compile (none when an earlier test compiled it)
+    finally:
+        _monitoring.unregister_event_duration_listener(listen)
+    name = "bitwise_xor" if dtype == torch.bool else "sub"
+    plans = [c.hit for k, c in executor._quick.items() if str(k[0][0]).startswith(name) and c.hit]
+    assert any(p[6] is not None for p in plans)
+
+
+@torchtpu.eager_mode("strict")
+@pytest.mark.parametrize("value", [0.5, 0.0, float("nan"), -0.0, 2.0, float("inf")])
+def test_hits_with_scalars_packed_on_the_host_match_cpu(value, gate_open):
+    """A float scalar of zero or NaN is packed per call as a host array (scalars.pack_cached
+    keeps no device copy of it): the hit hands that call to the jitted function, which takes
+    host arrays, and the others to the executable."""
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(3))
+    tx = x.to("tpu")
+    for _ in range(3):
+        assert_same(tx.mul(value).add(value), x.mul(value).add(value), rtol=0, atol=0, equal_nan=True)

@@ -24,7 +24,7 @@ from ..ops import checks as _checks
 from ..ops.registry import Lowering
 from ..runtime import cache as _exe_cache
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, tensors
+from ..runtime import direct, donation, launcher, leaf, pending, placement, precision, rng, tensors
 from ..runtime.executables import clock
 from ..runtime.executables import ops as _cache
 from ..runtime.jaxenv import CARRIED as _CARRIED, CARRIED_SEEN as _CARRIED_SEEN
@@ -319,10 +319,12 @@ def _run_strict(low, compiled, key, flat, args, kwargs, gen=None):
             del donated
             metrics.bump("donated_writes")
         else:
+            call = (bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata)
             outs, updated, flags = launcher.launch(
-                compiled.fn, (bufs, scalars.pack_cached(flat.dyn, compiled.fn.codes), rngdata),
+                compiled.fn, call,
                 what, not compiled.ran, _RELEASE, _release_all, low.name,
-                None if compiled.ran else (_cache, key))
+                None if compiled.ran else (_cache, key),
+                None if low.random or _chit is None else functools.partial(_plan_direct, compiled, call))
         if mode == "debug":
             jax.block_until_ready((outs, updated))
             if modes.debug_nans():
@@ -416,7 +418,14 @@ def _plan_hit(compiled):
         if jdt is None:
             return False
         plan.append((tuple(shape), dtype, jdt, math.prod(shape), None if strides is None else tuple(strides)))
-    return (compiled.fn, tuple(plan), _STRUCTURES[compiled.structure], compiled.fn.codes, -1, None)
+    return (compiled.fn, tuple(plan), _STRUCTURES[compiled.structure], compiled.fn.codes, -1, None,
+            compiled.direct)
+
+
+def _plan_direct(compiled, call):
+    """At the program's compile, while JAX holds its lowering: how a hit calls its executable
+    without jax.jit's dispatch (runtime/direct.py), or None."""
+    compiled.direct = direct.plan(compiled.fn, call)
 
 
 def _plan_record(low, compiled):
@@ -439,7 +448,7 @@ def _plan_in_place(low, compiled):
     """_plan_hit for an in-place op (no donation: it writes no part of a big storage): the
     program's writes become its storages' buffers, the written argument is the result."""
     i = low.returned_index  # (-1: returns nothing; past the call's positional arguments: by name)
-    return (compiled.fn, (), 3, compiled.fn.codes, i, low.mutated[0] if i >= 0 else None)
+    return (compiled.fn, (), 3, compiled.fn.codes, i, low.mutated[0] if i >= 0 else None, compiled.direct)
 
 
 def cache_size() -> int:

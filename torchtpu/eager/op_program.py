@@ -33,7 +33,7 @@ from .op_args import TENSOR, decode, target_specs
 class Compiled:
     """An op signature's executable and what tracing it learned (a Recordable)."""
 
-    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating", "checks", "used", "hit", "rec", "__weakref__")
+    __slots__ = ("fn", "program", "outs", "structure", "updated", "ran", "key", "partial", "donating", "checks", "used", "hit", "direct", "rec", "__weakref__")
 
     def __init__(self):
         self.fn = None  # jax.jit(program), compiled on first strict call
@@ -48,6 +48,7 @@ class Compiled:
         self.checks = ()  # the device-side checks its lowering declared (learned at trace)
         self.used = 0  # the op clock at its last call: the cache evicts the least recent
         self.hit = None  # (fn, outs, structure): its strict cache hit in C++ (executor._plan_hit)
+        self.direct = None  # fn's executable's call without jax.jit's dispatch (runtime/direct.py)
         self.rec = None  # (outs, structure, updated, ...): its defer_and_fuse record in C++ (executor._plan_record)
 
     def shape_free_key(self):

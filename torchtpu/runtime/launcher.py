@@ -18,7 +18,8 @@ from . import cache, lowerings, program_timing
 
 def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
            release: tuple = (), released: Callable[[], int] | None = None,
-           timing: str | Callable[[], str] | None = None, account: tuple | None = None) -> Any:
+           timing: str | Callable[[], str] | None = None, account: tuple | None = None,
+           compiled: Callable[[], None] | None = None) -> Any:
     """`fn(*args)`.
 
     what:      names the program for errors (called only when one is raised or a compile
@@ -29,6 +30,8 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
     timing:    the program's name in the profiler (default: `what`)
     account:   (an executables.Executables cache, the program's key in it): a compiling call
                charges the program with the host memory its compile kept (the bound in bytes)
+    compiled:  called after a compiling call, while JAX still holds the program's lowering
+               (runtime/direct.py plans from it; shed() then drops it)
     """
     if compiling:
         cache.before_compile(what(), release)
@@ -41,6 +44,8 @@ def launch(fn: Callable, args: tuple, what: Callable[[], str], compiling: bool,
             raise cache.out_of_memory(err, what(), released() if released is not None else 0) from err
         raise
     if compiling:
+        if compiled is not None:
+            compiled()
         lowerings.shed()  # the executable stays in the jit's C++ cache; its lowering goes
         after = cache.heap_in_use() if before is not None else None
         if after is not None and _warm[0]:
