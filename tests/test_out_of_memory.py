@@ -6,6 +6,7 @@ would start on an exhausted heap (XLA's compiler aborts the process with std::ba
 there) first gives back cached executables, then raises torch.OutOfMemoryError. After
 either, the process keeps working."""
 import gc
+import re
 import subprocess
 import sys
 import textwrap
@@ -90,5 +91,7 @@ def test_address_space_exhausted_during_compile_is_an_error_not_an_abort(tmp_pat
     """)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "OutOfMemoryError torchtpu: out of memory for the compilation of a fused region" in p.stdout, p.stdout
+    # (the loop's region compiles whole, or as chunks cut at its iterations: eager/region_plan.py)
+    assert re.search(r"OutOfMemoryError torchtpu: out of memory for the compilation of a "
+                     r"(fused region|chunk of \d+ ops of a region)", p.stdout), p.stdout
     assert "after [0.0, 2.0, 4.0]" in p.stdout
