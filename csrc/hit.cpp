@@ -69,6 +69,7 @@ struct State {
 
 PyObject* s_hit;
 PyObject* s_consume;
+PyObject* s_direct;
 PyObject* s_used;
 PyObject* s_watch;
 PyObject* s_index;
@@ -525,36 +526,30 @@ PyObject* structured(PyObject* results, long structure) {
   return results;
 }
 
-// the program's executable called on `bufs` and the packed scalars without jax.jit's dispatch
-// (runtime/direct.py): direct = (execute_sharded, handlers, unflatten); what the jitted
-// function returns, or Py_NotImplemented (a new reference, no error) where a packed scalar is
-// not a JAX array (the jitted function takes those: it converts them)
+// the program's executable called on `bufs` (a tuple or list; None items are no arguments, as
+// in the jitted function's pytree) and the packed scalars (None or a tuple), without jax.jit's
+// dispatch (runtime/direct.py): direct = (execute_sharded, handlers, unflatten); what the
+// jitted function returns, or Py_NotImplemented (a new reference, no error) where an argument
+// is not a JAX array (the jitted function takes those: it converts host arrays)
 PyObject* call_direct(PyObject* direct, PyObject* bufs, PyObject* packed) {
-  const Py_ssize_t nb = PyTuple_GET_SIZE(bufs);
-  Py_ssize_t np = 0;
-  if (packed != Py_None) {
-    if (!PyTuple_Check(packed)) Py_RETURN_NOTIMPLEMENTED;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(packed); ++i) {
-      PyObject* p = PyTuple_GET_ITEM(packed, i);
-      if (p == Py_None) continue;
-      if (Py_TYPE(p) != st.array_type) Py_RETURN_NOTIMPLEMENTED;
-      ++np;
-    }
-  }
-  PyObject* flat = PyList_New(nb + np);
+  if (packed != Py_None && !PyTuple_Check(packed)) Py_RETURN_NOTIMPLEMENTED;
+  PyObject* parts[] = {bufs, packed};
+  PyObject* flat = PyList_New(0);
   if (!flat) return nullptr;
-  for (Py_ssize_t i = 0; i < nb; ++i) {
-    PyObject* b = PyTuple_GET_ITEM(bufs, i);
-    Py_INCREF(b);
-    PyList_SET_ITEM(flat, i, b);
-  }
-  if (np) {
-    Py_ssize_t k = nb;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(packed); ++i) {
-      PyObject* p = PyTuple_GET_ITEM(packed, i);
-      if (p == Py_None) continue;
-      Py_INCREF(p);
-      PyList_SET_ITEM(flat, k++, p);
+  for (PyObject* part : parts) {
+    if (part == Py_None) continue;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(part);
+    PyObject** items = PySequence_Fast_ITEMS(part);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (items[i] == Py_None) continue;
+      if (Py_TYPE(items[i]) != st.array_type) {
+        Py_DECREF(flat);
+        Py_RETURN_NOTIMPLEMENTED;
+      }
+      if (PyList_Append(flat, items[i]) < 0) {
+        Py_DECREF(flat);
+        return nullptr;
+      }
     }
   }
   PyObject* results = PyObject_CallOneArg(PyTuple_GET_ITEM(direct, 0), flat);
@@ -1130,8 +1125,18 @@ PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
       packed_offsets = empty_tuple;
       Py_INCREF(packed_offsets);
     }
-    r = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(got, 0), empty_tuple, bufs, empty_tuple, empty_tuple,
-                                     packed_offsets, nullptr);
+    // (its executable without jax.jit's dispatch where planned and no offsets ride along)
+    PyObject* direct = PyList_GET_SIZE(offsets) ? nullptr : PyDict_GetItemWithError(learned, s_direct);
+    if (!direct && PyErr_Occurred()) {
+      Py_DECREF(packed_offsets);
+      goto done;
+    }
+    r = direct && direct != Py_None ? call_direct(direct, bufs, Py_None) : nullptr;
+    if (!direct || direct == Py_None || r == Py_NotImplemented) {
+      Py_XDECREF(r);
+      r = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(got, 0), empty_tuple, bufs, empty_tuple, empty_tuple,
+                                       packed_offsets, nullptr);
+    }
     Py_DECREF(packed_offsets);
     if (!r) {
       if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
@@ -1252,6 +1257,7 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit",
 PyMODINIT_FUNC PyInit__hit(void) {
   s_hit = PyUnicode_InternFromString("hit");
   s_consume = PyUnicode_InternFromString("consume_with_handlers");
+  s_direct = PyUnicode_InternFromString("direct");
   s_fits = PyUnicode_InternFromString("fits");
   s_compiled = PyUnicode_InternFromString("compiled");
   s_sizes = PyUnicode_InternFromString("sizes");

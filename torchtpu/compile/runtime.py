@@ -8,6 +8,7 @@ compiles once and is counted in torchtpu.metrics() like any compile.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -23,7 +24,7 @@ from ..metrics import bump
 from ..ops import checks as _checks
 from ..runtime import executables
 from ..runtime import checks as _pending_checks
-from ..runtime import donation, launcher, leaf, pending, placement, precision, rng, storage, tensors, transfer
+from ..runtime import direct, donation, launcher, leaf, pending, placement, precision, rng, storage, tensors, transfer
 from ..runtime.jaxenv import TORCH_TO_JAX, numpy_to_torch, to_torch_dtype, torch_to_numpy
 from ..eager import dynamism as _dynamism
 from ..eager import executor as _executor
@@ -361,9 +362,14 @@ class CompiledGraph:
         t0 = time.perf_counter() if compiling else None
         call_args = (donation.split(bufs, donate) if donate else (), bufs, rngdata, host_values, offsets)
         del bufs
+        # what csrc/hit.cpp's graph_fast calls (no donation, random state or host values): its
+        # executable without jax.jit's dispatch, planned while JAX holds the lowering
+        plan = compiling and self.native is not None and not donate and not rngdata and not host_values
         outs, written, packed, flags = launcher.launch(fn, call_args, what=self._what, compiling=compiling,
                                                        timing=self._what,
-                                                       account=(self._jits, key) if compiling and key is not None else None)
+                                                       account=(self._jits, key) if compiling and key is not None else None,
+                                                       compiled=functools.partial(_plan_direct, learned, fn, call_args)
+                                                       if plan else None)
         del call_args
         if compiling:
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))
@@ -680,3 +686,7 @@ def _maybe_dump(compiled: CompiledGraph, fn, donated, kept, host_values=(), offs
 
 
 _dumping: list[list] = []
+
+
+def _plan_direct(learned: dict, fn, call_args: tuple) -> None:
+    learned["direct"] = direct.plan(fn, call_args)

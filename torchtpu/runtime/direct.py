@@ -9,11 +9,13 @@ best of 7 x 3000): the jitted call 4.7-4.9 us, the same executable's `execute_sh
 its result handlers 3.3-3.6 us; in a whole strict `a + b` of ~11 us, the dispatch outside
 PJRT's execute was ~22 % of the time (perf, call graphs).
 
-`plan(fn, args)` asks jax.jit for what its own fast path keeps after a call (the executable,
-its output avals, shardings and pytree) by calling the jitted function's cache-miss handler
-once more with the arguments its first call compiled for: JAX's tracing, lowering and
-compilation caches answer it without compiling (~0.5 us of host work is the saving per call;
-~0.5 ms once per signature is the cost). csrc/hit.cpp's serve() then calls
+`plan(fn, args)` lowers and compiles the jitted function for the arguments its first call
+just compiled for, right after that call (launcher's `compiled` hook), while JAX's tracing,
+lowering and compilation caches still answer without compiling (lowerings.shed() drops the
+lowering next; asked after that, XLA compiles the program again), and keeps the executable,
+its result handlers and output pytree: ~0.3 ms once per signature, and ~1-1.5 us less host
+time on each hit. Nothing runs (asking jit's cache-miss handler instead would run the program
+again, and a host callback in it: a fallback op ran twice). csrc/hit.cpp's serve() then calls
 `execute_sharded(flat)`, `consume_with_handlers(handlers)` and `unflatten(outs)` itself.
 Anything the fast path would not cover (effects, constants, pruned or relaid-out arguments,
 a non-array argument) plans None: the jitted function serves those calls as before.
@@ -31,18 +33,19 @@ except ImportError:  # pragma: no cover
 def plan(fn, args: tuple) -> tuple | None:
     """(execute_sharded, handlers, unflatten) for calls of the jitted `fn` on arguments of the
     same types as `args` (the ones it just ran on), or None."""
-    if _pxla is None or not hasattr(fn, "_cache_miss"):
+    if _pxla is None or not hasattr(fn, "lower"):
         return None
     leaves = jax.tree_util.tree_leaves(args)
     if not all(isinstance(x, jax.Array) for x in leaves):
         return None
     try:
-        _, fast, rebuild = fn._cache_miss(*args)
+        compiled = fn.lower(*args).compile()
+        exe = compiled._executable
+        call = exe.unsafe_call
     except Exception:
         return None
-    if fast is None or rebuild or len(fast.const_args) or len(fast.kept_var_bitvec) != len(leaves) \
-            or not all(fast.kept_var_bitvec) or any(lay is not None for lay in fast.in_device_local_layouts):
+    if not isinstance(exe, _pxla.MeshExecutable) or not isinstance(call, _pxla.ExecuteReplicated) \
+            or call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks or call.mut \
+            or len(exe._kept_var_idx) != len(leaves) or any(lay is not None for lay in exe._dispatch_in_layouts):
         return None
-    handlers = [_pxla.global_aval_to_result_handler(aval, sharding, committed)
-                for aval, sharding, committed in zip(fast.out_avals, fast.out_shardings, fast.out_committed)]
-    return (fast.xla_executable.execute_sharded, handlers, fast.out_pytree_def.unflatten)
+    return (call.xla_executable.execute_sharded, list(call.out_handler.handlers), compiled.out_tree.unflatten)
