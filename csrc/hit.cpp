@@ -528,11 +528,15 @@ PyObject* structured(PyObject* results, long structure) {
 
 // the program's executable called on `bufs` (a tuple or list; None items are no arguments, as
 // in the jitted function's pytree) and the packed scalars (None or a tuple), without jax.jit's
-// dispatch (runtime/direct.py): direct = (execute_sharded, handlers, unflatten); what the
-// jitted function returns, or Py_NotImplemented (a new reference, no error) where an argument
-// is not a JAX array (the jitted function takes those: it converts host arrays)
+// dispatch (runtime/direct.py): direct = (execute_sharded, handlers, unflatten, precision);
+// what the jitted function returns, or Py_NotImplemented (a new reference, no error) where an
+// argument is not a JAX array (the jitted function takes those: it converts host arrays) or
+// torch's float32 matmul precision is not the one the executable was compiled under (jax.jit's
+// key has it: it compiles or finds the program for this one)
 PyObject* call_direct(PyObject* direct, PyObject* bufs, PyObject* packed) {
   if (packed != Py_None && !PyTuple_Check(packed)) Py_RETURN_NOTIMPLEMENTED;
+  if (PyLong_AsLong(PyTuple_GET_ITEM(direct, 3)) != static_cast<long>(at::globalContext().float32MatmulPrecision()))
+    Py_RETURN_NOTIMPLEMENTED;
   PyObject* parts[] = {bufs, packed};
   PyObject* flat = PyList_New(0);
   if (!flat) return nullptr;

@@ -17,12 +17,15 @@ its result handlers and output pytree: ~0.3 ms once per signature, and ~1-1.5 us
 time on each hit. Nothing runs (asking jit's cache-miss handler instead would run the program
 again, and a host callback in it: a fallback op ran twice). csrc/hit.cpp's serve() then calls
 `execute_sharded(flat)`, `consume_with_handlers(handlers)` and `unflatten(outs)` itself.
-Anything the fast path would not cover (effects, constants, pruned or relaid-out arguments,
-a non-array argument) plans None: the jitted function serves those calls as before.
+Anything the fast path would not cover (effects, host callbacks, pruned or relaid-out
+arguments, a non-array argument) plans None, and a call under another float32 matmul
+precision than the plan's (jax.jit keys its cache on JAX's config, which follows torch's
+setting) goes to the jitted function: those calls are served as before.
 """
 from __future__ import annotations
 
 import jax
+import torch
 
 try:  # JAX internals (jax is pinned; a different layout plans nothing)
     from jax._src.interpreters import pxla as _pxla
@@ -31,8 +34,9 @@ except ImportError:  # pragma: no cover
 
 
 def plan(fn, args: tuple) -> tuple | None:
-    """(execute_sharded, handlers, unflatten) for calls of the jitted `fn` on arguments of the
-    same types as `args` (the ones it just ran on), or None."""
+    """(execute_sharded, handlers, unflatten, precision) for calls of the jitted `fn` on
+    arguments of the same types as `args` (the ones it just ran on) under torch's float32
+    matmul precision now, or None."""
     if _pxla is None or not hasattr(fn, "lower"):
         return None
     leaves = jax.tree_util.tree_leaves(args)
@@ -48,4 +52,11 @@ def plan(fn, args: tuple) -> tuple | None:
             or call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks or call.mut \
             or len(exe._kept_var_idx) != len(leaves) or any(lay is not None for lay in exe._dispatch_in_layouts):
         return None
-    return (call.xla_executable.execute_sharded, list(call.out_handler.handlers), compiled.out_tree.unflatten)
+    return (call.xla_executable.execute_sharded, list(call.out_handler.handlers), compiled.out_tree.unflatten,
+            _PRECISION[torch.get_float32_matmul_precision()])
+
+
+# torch's float32 matmul precision (at::Float32MatmulPrecision's order), which JAX's default
+# matmul precision follows (runtime/precision.py): part of jax.jit's own cache key, so an
+# executable planned under one setting is called only under it (csrc/hit.cpp compares)
+_PRECISION = {"highest": 0, "high": 1, "medium": 2}
