@@ -293,6 +293,9 @@ def _refusal(node) -> tuple | None:
         err = argcheck.dtype_refusal(node.target, args, kwargs)
         if err is not None:
             raise err
+        low = registry.LOWERINGS.get(name)
+        if low is not None and getattr(low.check, "in_graphs", False):  # (ops/scalar_range.py's)
+            low.check(*args, **kwargs)
     except Exception as err:  # noqa: BLE001  (its class and message, raised at each call)
         where = _frame(node)
         at = f"\n  (in the compiled graph, from {where})" if where else ""

@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     pointwise,
     random,
     reductions,
+    scalar_range,
     shape,
     special,
 )
