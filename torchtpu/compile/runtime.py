@@ -364,12 +364,12 @@ class CompiledGraph:
         del bufs
         # what csrc/hit.cpp's graph_fast calls (no donation, random state or host values): its
         # executable without jax.jit's dispatch, planned while JAX holds the lowering
-        plan = compiling and self.native is not None and not donate and not rngdata and not host_values
+        wants_direct = compiling and self.native is not None and not donate and not rngdata and not host_values
         outs, written, packed, flags = launcher.launch(fn, call_args, what=self._what, compiling=compiling,
                                                        timing=self._what,
                                                        account=(self._jits, key) if compiling and key is not None else None,
                                                        compiled=functools.partial(_plan_direct, learned, fn, call_args)
-                                                       if plan else None)
+                                                       if wants_direct else None)
         del call_args
         if compiling:
             bump("compile_ms", int((time.perf_counter() - t0) * 1000))

@@ -424,8 +424,10 @@ def _plan_hit(compiled):
 
 def _plan_direct(compiled, call):
     """At the program's compile, while JAX holds its lowering: how a hit calls its executable
-    without jax.jit's dispatch (runtime/direct.py), or None."""
-    compiled.direct = direct.plan(compiled.fn, call)
+    without jax.jit's dispatch (runtime/direct.py), or None. Not asked for a signature that
+    gets no hit plan (device-side checks, a partial in-place write: known once it traced)."""
+    if not compiled.checks and not compiled.partial:
+        compiled.direct = direct.plan(compiled.fn, call)
 
 
 def _plan_record(low, compiled):

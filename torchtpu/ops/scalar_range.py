@@ -63,20 +63,12 @@ def _number(v):
     return v
 
 
-def _fill_check(self, value, *rest, **kw):
-    check_convert(_number(value), self.dtype)
-
-
-def _masked_fill_check(self, mask, value, *rest, **kw):
-    check_convert(_number(value), self.dtype)
-
-
-def _index_fill_check(self, dim, index, value, *rest, **kw):
-    check_convert(_number(value), self.dtype)
-
-
-def _scatter_value_check(self, dim, index, value, *rest, **kw):
-    check_convert(_number(value), self.dtype)
+def _value_check(name: str, position: int):
+    """The check of an op writing its number argument `name` (positional `position`) into self."""
+    def check(self, *args, **kwargs):
+        value = args[position - 1] if len(args) >= position else kwargs.get(name)
+        check_convert(_number(value), self.dtype)
+    return check
 
 
 def _full_check(size, fill_value, *rest, dtype=None, **kw):
@@ -112,11 +104,11 @@ def _pow_check(self, exponent, *rest, **kw):
 
 
 _CHECKS = {
-    "fill.Scalar": _fill_check,
-    "masked_fill.Scalar": _masked_fill_check,
-    "index_fill.int_Scalar": _index_fill_check,
-    "scatter.value": _scatter_value_check,
-    "scatter.value_reduce": _scatter_value_check,
+    "fill.Scalar": _value_check("value", 1),
+    "masked_fill.Scalar": _value_check("value", 2),
+    "index_fill.int_Scalar": _value_check("value", 3),
+    "scatter.value": _value_check("value", 3),
+    "scatter.value_reduce": _value_check("value", 3),
     "full": _full_check,
     "clamp": _clamp_check,
     "clamp_min": _one_bound_check,
