@@ -33,18 +33,26 @@
 //   what defer_and_fuse's record acts on (csrc/record.h)
 // Kernel(state, check, after, full, first_seen)
 //   an op's registered kernel calling fast() without a Python frame (csrc/kernel.h)
+// register_kernel(name, kernel)
+//   that Kernel registered with the dispatcher as a C++ boxed kernel (csrc/boxed.h)
 #include "walk.h"
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
 
 #include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
 #include <c10/core/DefaultDtype.h>
 
 #include <structmember.h>
 
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "held.h"
 #include "slots.h"
@@ -997,6 +1005,7 @@ done:
 }
 
 #include "kernel.h"
+#include "boxed.h"
 
 // ---- a compiled graph's call -----------------------------------------------------------
 
@@ -1249,6 +1258,8 @@ PyMethodDef methods[] = {
      "record(compiled, entries, dyn, name) -> outputs | NotImplemented"},
     {"hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(hit)), METH_FASTCALL,
      "hit(compiled, entries, packed) -> result | NotImplemented"},
+    {"register_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
+     "register_kernel(name, kernel): the Kernel as an aten overload's PrivateUse1 kernel (csrc/boxed.h)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hit",
@@ -1300,9 +1311,7 @@ PyMODINIT_FUNC PyInit__hit(void) {
     return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
-  Py_INCREF(&KernelType);
-  if (PyModule_AddObject(m, "Kernel", reinterpret_cast<PyObject*>(&KernelType)) < 0) {
-    Py_DECREF(&KernelType);
+  if (PyModule_AddObjectRef(m, "Kernel", reinterpret_cast<PyObject*>(&KernelType)) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

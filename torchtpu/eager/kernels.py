@@ -25,6 +25,7 @@ _lib = torch.library.Library("aten", "IMPL")
 _fallback_lib = torch.library.Library("_", "IMPL")
 _libs: dict[str, torch.library.Library] = {"aten": _lib}  # a custom op's namespace -> its IMPL library
 _registered: set[str] = set()
+_native_kernel = None if tensors.native is None else tensors.native.Kernel
 SERVED: dict[str, Lowering] = {}
 
 
@@ -37,6 +38,9 @@ def _impl(name: str, fn) -> None:
         if lib is None:
             lib = _libs[ns] = torch.library.Library(ns, "IMPL")
         lib.impl(op, fn, "PrivateUse1")
+    elif _native_kernel is not None and type(fn) is _native_kernel:
+        # a C++ boxed kernel: the dispatcher calls it without PythonKernelHolder (csrc/boxed.h)
+        tensors.native.register_kernel(name, fn)
     else:
         _lib.impl(name, fn, "PrivateUse1")
     _registered.add(name)
