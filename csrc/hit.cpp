@@ -33,6 +33,8 @@
 //   what defer_and_fuse's record acts on (csrc/record.h)
 // Kernel(state, check, after, full, first_seen)
 //   an op's registered kernel calling fast() without a Python frame (csrc/kernel.h)
+// GilLock()
+//   storage._lock: a reentrant lock taken from C++ without a Python call (csrc/gil_lock.h)
 // register_kernel(name, kernel)
 //   that Kernel registered with the dispatcher as a C++ boxed kernel (csrc/boxed.h)
 #include "walk.h"
@@ -57,6 +59,8 @@
 #include "held.h"
 #include "slots.h"
 
+#include "gil_lock.h"
+
 namespace {
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;
@@ -73,6 +77,7 @@ struct State {
   PyObject* acquire = nullptr;  // storage._lock's bound acquire/release (reentrant)
   PyObject* unlock = nullptr;
   PyObject* release_py = nullptr;  // storage._release: what released() defers to off its common case
+  GilLockObject* gil_lock = nullptr;  // storage._lock where it is a GilLock (borrowed: `acquire` holds it)
 } st;
 
 PyObject* s_hit;
@@ -118,16 +123,26 @@ int add_to(PyObject* dict, PyObject* key, long long n, long long* now = nullptr)
 }
 
 // storage._lock, held around the table and stats updates as the Python code holds it (its
-// acquire gives up the GIL while it waits)
+// acquire gives up the GIL while it waits): a GilLock (csrc/gil_lock.h) taken without a
+// Python call, any other lock through its methods
 struct Locked {
   bool ok;
   Locked() {
+    if (st.gil_lock) {
+      gil_lock_take(st.gil_lock);
+      ok = true;
+      return;
+    }
     PyObject* r = PyObject_CallNoArgs(st.acquire);
     ok = r != nullptr;
     Py_XDECREF(r);
   }
   ~Locked() {
     if (!ok) return;
+    if (st.gil_lock) {
+      if (!gil_lock_give(st.gil_lock)) PyErr_Clear();  // (ours: it cannot fail)
+      return;
+    }
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);  // an error being raised survives the release
     PyObject* r = PyObject_CallNoArgs(st.unlock);
@@ -366,6 +381,7 @@ PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
   }
   Py_XSETREF(st.acquire, acquire);
   Py_XSETREF(st.unlock, unlock);
+  st.gil_lock = Py_TYPE(a[8]) == &GilLockType ? reinterpret_cast<GilLockObject*>(a[8]) : nullptr;
   Py_INCREF(a[9]);
   Py_XSETREF(st.release_py, a[9]);
   Py_RETURN_NONE;
@@ -1305,13 +1321,14 @@ PyMODINIT_FUNC PyInit__hit(void) {
   empty_tuple = PyTuple_New(0);
   s_itemsize = PyUnicode_InternFromString("itemsize");
   s_zero_index = PyLong_FromLong(0);
-  if (kernel_type_init() < 0 ||
+  if (kernel_type_init() < 0 || gil_lock_type_init() < 0 ||
       ready_held_type(ReleaseType, "torchtpu.runtime._hit.Release", 2,
                       "A storage weakref's callback: its entry let go (csrc/hit.cpp)", release_call) < 0)
     return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
-  if (PyModule_AddObjectRef(m, "Kernel", reinterpret_cast<PyObject*>(&KernelType)) < 0) {
+  if (PyModule_AddObjectRef(m, "Kernel", reinterpret_cast<PyObject*>(&KernelType)) < 0 ||
+      PyModule_AddObjectRef(m, "GilLock", reinterpret_cast<PyObject*>(&GilLockType)) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -42,9 +42,21 @@ class Entry:
 table: dict[int, Entry] = {}
 _SPREAD = placement.SPREAD
 inflight.set_live_buffers(lambda: [e.buf for e in list(table.values())])
+
+
+def _new_lock():
+    """csrc/gil_lock.h's GilLock where the extension is built (csrc/hit.cpp takes it without a
+    Python call, twice per strict op), else a threading.RLock."""
+    try:
+        from ._hit import GilLock
+    except ImportError:
+        return threading.RLock()
+    return GilLock()
+
+
 # Reentrant: _release runs from a weakref callback, which a garbage collection can start
 # on this thread while it holds the lock (a plain Lock would deadlock there).
-_lock = threading.RLock()
+_lock = _new_lock()
 _stats: dict[int, dict[str, int]] = {0: {"allocated": 0, "peak": 0}}   # per device index
 
 
