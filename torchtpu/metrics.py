@@ -20,6 +20,20 @@ def fallback(op_name: str) -> None:
     _counts["cpu_fallbacks"] += 1
 
 
+# Callables that add counts kept elsewhere into _counts (csrc/hit.cpp counts its cache hits
+# in C++ and adds them here when the counters are read or reset)
+_flushers: list = []
+
+
+def add_flusher(fn) -> None:
+    _flushers.append(fn)
+
+
+def _flush() -> None:
+    for fn in _flushers:
+        fn()
+
+
 def live_counts() -> Counter:
     """The counters themselves, for native code that bumps them (csrc/hit.cpp): the same
     dict, mutated in place, never replaced (reset() clears it)."""
@@ -28,6 +42,7 @@ def live_counts() -> Counter:
 
 def snapshot() -> dict:
     with _lock:
+        _flush()
         counts = dict(_counts)  # one C-level copy: bump() does not lock
         out = {
             k: counts.get(k, 0)
@@ -49,5 +64,6 @@ def snapshot() -> dict:
 
 def reset() -> None:
     with _lock:
+        _flush()
         _counts.clear()
         _fallbacks.clear()

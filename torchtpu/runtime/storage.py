@@ -229,6 +229,7 @@ def _native():
     from .executables import clock
     _hit.configure(table, _of(0), metrics.live_counts(), clock, inflight.parked_buffers, inflight.tidy, Entry,
                    ArrayImpl, _lock, _release, inflight.MAX_PARKED, inflight.TIDY_STEP)
+    metrics.add_flusher(_hit.flush_counts)
     return _hit
 
 
