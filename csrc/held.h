@@ -1,6 +1,7 @@
-// Small C++ callable types whose instances hold a fixed number of object references: a
-// storage weakref's callback (hit.cpp's Release) and an op's kernel (kernel.h). One layout,
-// traversal, clearing and deallocation serves both; each type says its count and its call.
+// Small C++ types whose instances hold a fixed number of object references: a storage's
+// release (hit.cpp's Release, a DataPtr's context) and an op's kernel (kernel.h, callable).
+// One layout, traversal, clearing and deallocation serves both; each type says its count and
+// its call (none: not callable).
 // Included once, by hit.cpp, inside its anonymous namespace.
 #pragma once
 

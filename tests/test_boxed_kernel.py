@@ -3,6 +3,7 @@ torch.library's PythonKernelHolder, and storage._lock as a GilLock (csrc/gil_loc
 arguments reach the kernel as PyTorch would pass them (keyword-only arguments, defaults,
 dtypes, wrapped numbers, optional tensors), results and errors come back as on CPU, on the
 main thread and on the autograd engine's, and the lock keeps the byte counts right under threads."""
+import gc
 import threading
 
 import pytest
@@ -123,6 +124,16 @@ def test_gil_lock_excludes_other_threads():
 
 
 def test_byte_counts_under_threads():
+    # (earlier tests' garbage collected now, not while the counts are compared)
+    gc.collect()
+    gc.disable()
+    try:
+        _byte_counts_under_threads()
+    finally:
+        gc.enable()
+
+
+def _byte_counts_under_threads():
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     a = torch.randn(64, device="tpu")
@@ -144,6 +155,6 @@ def test_byte_counts_under_threads():
     for t in threads:
         t.join()
     assert not errors
-    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.memory_allocated() == base, (before, base, torch.tpu.memory_allocated())
     del a
     assert torch.tpu.memory_allocated() == before

@@ -2,9 +2,11 @@
 
 A tpu tensor is a plain torch.Tensor whose StorageImpl holds zero bytes; its data
 is a flat 1-D jax.Array kept here, keyed by the storage's address. Views share
-the StorageImpl and so share the entry. A weakref.finalize on the storage's
-Python object (which PyTorch keeps alive exactly as long as the StorageImpl)
-drops the entry, so device memory returns when the last tensor or view dies.
+the StorageImpl and so share the entry. A weakref on the storage's Python object
+(which PyTorch keeps alive exactly as long as the StorageImpl) drops the entry, so
+device memory returns when the last tensor or view dies; a tensor made in C++
+(csrc/hit.cpp: new tensors on tpu:0, strict hits' results) has its storage's
+DataPtr deleter drop it instead, without a Python storage object.
 """
 from __future__ import annotations
 
