@@ -21,6 +21,20 @@ def test_cuts_fall_before_each_iteration_of_a_loop():
     assert {keys[s] for s in starts[1:]} == {keys[starts[1]]}
 
 
+def test_a_forward_loop_then_a_backward_loop_are_cut_at_their_own_ops():
+    # the two bodies share no op (a backward's residual sums are add_ where the forward has add)
+    fwd = ["addmm", "tanh", "add"]
+    bwd = ["tanh_backward", "mm", "mm.t", "sum", "add_"]
+    keys = fwd * 64 + ["pow", "mean", "fill_", "div"] + bwd * 64
+    starts = region_plan.choose_cuts(keys)
+    assert starts is not None and starts[0] == 0
+    split = len(fwd) * 64
+    assert any(0 < s < split for s in starts) and any(s > split for s in starts), starts
+    # each loop's cuts fall at one op of its own body
+    assert len({keys[s] for s in starts if 0 < s < split}) == 1
+    assert len({keys[s] for s in starts if s > split}) == 1
+
+
 @pytest.mark.parametrize("keys", [
     [f"o{i}" for i in range(100)] * 2 + [f"x{i}" for i in range(100)],  # two repeats: compile whole
     [f"u{i}" for i in range(400)],  # nothing repeats
@@ -134,7 +148,10 @@ def _deep_step(layers, x):
 
 def test_a_training_steps_region_stays_whole(defer):
     torch.manual_seed(0)
-    layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(40)).to("tpu")
+    # (deep enough that cutting the forward at one op and the backward at another is clearly
+    # worth it: the backward's residual-gradient sums are in-place add_ as on CPU, so the two
+    # loops share no op to cut both at)
+    layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(64)).to("tpu")
     opt = torch.optim.SGD(layers.parameters(), lr=0.1)
     x = torch.randn(4, 8, device="tpu")
     torch.tpu.synchronize()

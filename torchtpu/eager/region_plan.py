@@ -10,7 +10,8 @@ so cut before each iteration and each distinct chunk compiles once, the others a
 
 No marker says where an iteration starts. The cut is chosen from the region's own op
 sequence: for each op executable that occurs at least three times, cutting before each
-of its occurrences gives chunks; the chosen op is the one whose chunks leave the least to
+of its occurrences gives chunks (or before each of two such ops', the first's all before the
+second's: a loop's forward, then its backward); the chosen cut is the one whose chunks leave the least to
 compile (the ops of the distinct chunks, plus a few ops' worth per launch). A region is
 cut only where that is at most half of compiling it whole. A training step's region (ended
 by its optimizer step) is never cut: it runs every step, and whole it runs fastest (a
@@ -32,6 +33,7 @@ HOT = 8          # a chunk repeated this often in its region compiles optimized 
 GAIN = 2.0       # cut only where the distinct chunks hold at most 1/GAIN of the region's ops
 LAUNCH = 4       # a chunk's launch weighed as this many ops of compile work
 NEAR = 1.25      # cuts this close to the cheapest count as as good
+PAIRED = 8       # the ops cutting the widest spans, tried in pairs (a forward's, then a backward's)
 
 
 class Chunk(NamedTuple):
@@ -57,8 +59,7 @@ def choose_cuts(keys: list) -> tuple[int, ...] | None:
     where: dict = {}
     for i, k in enumerate(keys):
         where.setdefault(k, []).append(i)
-    found = []
-    tried = set()
+    cuts = []  # per op that repeats: the positions it cuts at
     for pos in where.values():
         count = len(pos)
         if count < 3:
@@ -66,25 +67,23 @@ def choose_cuts(keys: list) -> tuple[int, ...] | None:
         # a short loop body: its iterations k at a time, so chunks hold MIN_CHUNK ops or more
         # (k from the body's length, not the trip count: another trip count cuts alike)
         k = max(1, -(-MIN_CHUNK * (count - 1) // (pos[-1] - pos[0])))
-        if count < 3 * k:
-            continue
-        pos = pos[::k]
-        starts = tuple(pos) if pos[0] == 0 else (0, *pos)
+        if count >= 3 * k:
+            cuts.append(tuple(pos[::k]))
+    # one op's cuts; and two ops' where the first's all come before the second's: a loop's
+    # forward then its backward, whose bodies share no op (a residual add's gradient is
+    # accumulated in place, add_, where the forward has add)
+    widest = sorted(cuts, key=lambda c: c[0] - c[-1])[:PAIRED]
+    tries = cuts + [a + b for a in widest for b in widest if a[-1] < b[0]]
+    found = []
+    tried = set()
+    for c in tries:
+        starts = c if c[0] == 0 else (0, *c)
         if starts in tried:
             continue
         tried.add(starts)
-        edges = starts + (n,)
-        cost = LAUNCH * len(starts)
-        seen = set()
-        for a, b in zip(edges, edges[1:]):
-            piece = tuple(keys[a:b])
-            if piece not in seen:
-                seen.add(piece)
-                cost += b - a
-                if cost >= n / GAIN:
-                    break
+        cost = _cost(keys, starts)
         if cost < n / GAIN:
-            found.append((cost, pos[0], starts))
+            found.append((cost, c[0], starts))
     if not found:
         return None
     # Of the cuts within NEAR of the cheapest, the one at the earliest op: the loop body's
@@ -93,6 +92,23 @@ def choose_cuts(keys: list) -> tuple[int, ...] | None:
     least = min(cost for cost, _, _ in found)
     best = min((first, cost, starts) for cost, first, starts in found if cost <= least * NEAR)[2]
     return best
+
+
+def _cost(keys: list, starts: tuple) -> float:
+    """The compile work of cutting at `starts`: the ops of its distinct chunks and a few ops'
+    worth per launch (counted up to the point where it is no gain)."""
+    n = len(keys)
+    edges = starts + (n,)
+    cost = LAUNCH * len(starts)
+    seen = set()
+    for a, b in zip(edges, edges[1:]):
+        piece = tuple(keys[a:b])
+        if piece not in seen:
+            seen.add(piece)
+            cost += b - a
+            if cost >= n / GAIN:
+                break
+    return cost
 
 
 def _order(ref) -> tuple:
