@@ -15,8 +15,8 @@
 //           max_parked, tidy_step)
 //   the Python state these functions act on: storage.table, device 0's allocation stats,
 //   metrics' counters, executables.clock, inflight.parked_buffers and inflight.tidy,
-//   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock,
-//   storage._release (the callback's general case) and inflight's two bounds
+//   storage.Entry, the type of a JAX array (what a buffer must be for a hit), storage._lock (a GilLock),
+//   storage._release (the release's general case) and inflight's two bounds
 // new_tensor(shape, dtype, npdtype, buf) -> (tensor, entry)
 //   a contiguous tpu tensor on device 0 over a new storage entry holding `buf`
 // alias(base, shape, stride, offset, dtype) -> tensor
@@ -75,10 +75,8 @@ struct State {
   PyObject* tidy = nullptr;
   PyObject* entry_type = nullptr;
   PyTypeObject* array_type = nullptr;
-  PyObject* acquire = nullptr;  // storage._lock's bound acquire/release (reentrant)
-  PyObject* unlock = nullptr;
   PyObject* release_py = nullptr;  // storage._release: what released() defers to off its common case
-  GilLockObject* gil_lock = nullptr;  // storage._lock where it is a GilLock (borrowed: `acquire` holds it)
+  GilLockObject* gil_lock = nullptr;  // storage._lock (a new reference)
 } st;
 
 PyObject* s_hit;
@@ -103,7 +101,6 @@ PyObject* s_executions;
 PyObject* s_native_hits;
 PyObject* s_native;
 PyObject* empty_tuple;
-PyObject* s_itemsize;
 PyObject* s_zero_index;  // 0: an entry's device index on device 0
 // storage.Entry is made without its __init__ (csrc/slots.h): its slots, in order
 SlotMaker entry_maker;
@@ -123,33 +120,13 @@ int add_to(PyObject* dict, PyObject* key, long long n, long long* now = nullptr)
   return rc;
 }
 
-// storage._lock, held around the table and stats updates as the Python code holds it (its
-// acquire gives up the GIL while it waits): a GilLock (csrc/gil_lock.h) taken without a
-// Python call, any other lock through its methods
+// storage._lock (a GilLock, csrc/gil_lock.h: storage.py makes one wherever this extension is
+// built), held around the table and stats updates as the Python code holds it, taken without
+// a Python call
 struct Locked {
-  bool ok;
-  Locked() {
-    if (st.gil_lock) {
-      gil_lock_take(st.gil_lock);
-      ok = true;
-      return;
-    }
-    PyObject* r = PyObject_CallNoArgs(st.acquire);
-    ok = r != nullptr;
-    Py_XDECREF(r);
-  }
+  Locked() { gil_lock_take(st.gil_lock); }
   ~Locked() {
-    if (!ok) return;
-    if (st.gil_lock) {
-      if (!gil_lock_give(st.gil_lock)) PyErr_Clear();  // (ours: it cannot fail)
-      return;
-    }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);  // an error being raised survives the release
-    PyObject* r = PyObject_CallNoArgs(st.unlock);
-    if (r) Py_DECREF(r);
-    else PyErr_Clear();
-    PyErr_Restore(et, ev, tb);
+    if (!gil_lock_give(st.gil_lock)) PyErr_Clear();  // (taken above: it cannot fail)
   }
 };
 
@@ -232,7 +209,6 @@ PyObject* attach(const at::Tensor& t, int64_t numel, PyObject* npdtype, PyObject
   PyObject* cb = entry ? new_held(ReleaseType, {key, entry}) : nullptr;
   int rc = cb ? 0 : -1;
   Locked lock;
-  if (!lock.ok) rc = -1;
   if (rc == 0) rc = PyDict_SetItem(st.table, key, entry);
   Py_XDECREF(key);
   if (rc == 0) {
@@ -344,7 +320,6 @@ PyObject* released_entry(PyObject* key, PyObject* entry) {
   if (nbytes == -1 && PyErr_Occurred()) return nullptr;
   {
     Locked lock;
-    if (!lock.ok) return nullptr;
     PyObject* had = PyDict_GetItemWithError(st.table, key);  // borrowed
     if (had == entry && PyDict_DelItem(st.table, key) < 0) return nullptr;
     if (!had && PyErr_Occurred()) return nullptr;
@@ -369,8 +344,8 @@ bool configured() {
 }
 
 PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 12 || !PyType_Check(a[7])) {
-    PyErr_SetString(PyExc_TypeError, "configure: 12 arguments, the eighth a type");
+  if (n != 12 || !PyType_Check(a[7]) || Py_TYPE(a[8]) != &GilLockType) {
+    PyErr_SetString(PyExc_TypeError, "configure: 12 arguments, the eighth a type, the ninth a GilLock");
     return nullptr;
   }
   max_parked = PyLong_AsSsize_t(a[10]);
@@ -386,15 +361,9 @@ PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
   }
   Py_INCREF(a[7]);
   st.array_type = reinterpret_cast<PyTypeObject*>(a[7]);
-  PyObject* acquire = PyObject_GetAttrString(a[8], "acquire");
-  PyObject* unlock = acquire ? PyObject_GetAttrString(a[8], "release") : nullptr;
-  if (!unlock) {
-    Py_XDECREF(acquire);
-    return nullptr;
-  }
-  Py_XSETREF(st.acquire, acquire);
-  Py_XSETREF(st.unlock, unlock);
-  st.gil_lock = Py_TYPE(a[8]) == &GilLockType ? reinterpret_cast<GilLockObject*>(a[8]) : nullptr;
+  Py_INCREF(a[8]);
+  Py_XDECREF(reinterpret_cast<PyObject*>(st.gil_lock));
+  st.gil_lock = reinterpret_cast<GilLockObject*>(a[8]);
   Py_INCREF(a[9]);
   Py_XSETREF(st.release_py, a[9]);
   Py_RETURN_NONE;
@@ -1353,7 +1322,6 @@ PyMODINIT_FUNC PyInit__hit(void) {
   s_native_hits = PyUnicode_InternFromString("native_hits");
   s_native = PyUnicode_InternFromString("native");
   empty_tuple = PyTuple_New(0);
-  s_itemsize = PyUnicode_InternFromString("itemsize");
   s_zero_index = PyLong_FromLong(0);
   if (kernel_type_init() < 0 || gil_lock_type_init() < 0 ||
       ready_held_type(ReleaseType, "torchtpu.runtime._hit.Release", 2,
