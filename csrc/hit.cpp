@@ -52,6 +52,8 @@
 
 #include <structmember.h>
 
+#include <unordered_map>
+
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -303,8 +305,9 @@ int tidy_parked() {
 // Release of the entry). No JAX calls here (see inflight.py).
 PyObject* released_entry(PyObject* key, PyObject* entry) {
   if (Py_IsFinalizing() || !st.table) Py_RETURN_NONE;  // interpreter exit: the process frees it all
-  PyObject* index = PyObject_GetAttr(entry, s_index);
-  PyObject* addr = index ? PyObject_GetAttr(entry, s_addr) : nullptr;
+  // (slots: buf 0, numel 1, dtype 2, nbytes 3, watch 4, addr 5, untyped 6, index 7)
+  PyObject* index = slot_read(entry, entry_maker.type, entry_maker.offsets[7], s_index);
+  PyObject* addr = index ? slot_read(entry, entry_maker.type, entry_maker.offsets[5], s_addr) : nullptr;
   if (!addr) {
     Py_XDECREF(index);
     return nullptr;
@@ -313,7 +316,7 @@ PyObject* released_entry(PyObject* key, PyObject* entry) {
   Py_DECREF(index);
   Py_DECREF(addr);
   if (!common) return PyObject_CallFunctionObjArgs(st.release_py, key, entry, nullptr);
-  PyObject* nb = PyObject_GetAttr(entry, s_nbytes);
+  PyObject* nb = slot_read(entry, entry_maker.type, entry_maker.offsets[3], s_nbytes);
   if (!nb) return nullptr;
   const long long nbytes = PyLong_AsLongLong(nb);
   Py_DECREF(nb);
@@ -326,7 +329,7 @@ PyObject* released_entry(PyObject* key, PyObject* entry) {
     if (add_to(st.stats, s_allocated, -nbytes) < 0) return nullptr;
   }
   if (PyObject_SetAttr(entry, s_watch, Py_None) < 0) return nullptr;
-  PyObject* buf = PyObject_GetAttr(entry, s_buf);
+  PyObject* buf = entry_buf(entry);
   if (!buf) return nullptr;
   // inflight.retire: a device buffer (anything with is_ready) is parked
   int park = Py_TYPE(buf) == st.array_type ? 1 : PyObject_HasAttr(buf, s_is_ready);
@@ -354,6 +357,7 @@ PyObject* configure(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!slot_maker(a[6], {"buf", "numel", "dtype", "nbytes", "watch", "addr", "untyped", "index", "__weakref__"},
                   entry_maker))
     return nullptr;
+  entry_slots = EntrySlots{entry_maker.type, entry_maker.offsets[0], entry_maker.offsets[1], entry_maker.offsets[2]};
   PyObject** slots[] = {&st.table, &st.stats, &st.counts, &st.clock, &st.parked, &st.tidy, &st.entry_type};
   for (int i = 0; i < 7; ++i) {
     Py_INCREF(a[i]);
@@ -467,8 +471,11 @@ PyObject* flush_counts(PyObject*, PyObject*) {
 }
 
 // leaf.commit: each written storage (slot -> new array in `updated`) takes its new buffer; an
-// old one still being computed is parked for synchronize() (inflight.replaced)
-int commit(PyObject* entries, PyObject* updated) {
+// old one still being computed is parked for synchronize() (inflight.replaced), unless the
+// program that wrote the new one took it as an input (`covered`): the new one is then
+// computed after it, and synchronize() waiting for the new one waits for it (an is_deleted
+// and an is_ready call less per in-place hit)
+int commit(PyObject* entries, PyObject* updated, bool covered) {
   if (!PyDict_Check(updated)) {
     PyErr_SetString(PyExc_RuntimeError, "torchtpu._hit: an in-place program's writes are not a dict");
     return -1;
@@ -482,14 +489,14 @@ int commit(PyObject* entries, PyObject* updated) {
       return -1;
     }
     PyObject* entry = PyList_GET_ITEM(entries, i);
-    PyObject* old = PyObject_GetAttr(entry, s_buf);
+    PyObject* old = entry_buf(entry);
     if (!old) return -1;
     if (PyObject_SetAttr(entry, s_buf, b) < 0) {
       Py_DECREF(old);
       return -1;
     }
     int rc = 0;
-    if (old != b && Py_TYPE(old) == st.array_type) {
+    if (!covered && old != b && Py_TYPE(old) == st.array_type) {
       const int ready = array_ready(old);
       if (ready < 0) rc = -1;
       else if (!ready) {
@@ -551,9 +558,31 @@ PyObject* structured(PyObject* results, long structure) {
   return results;
 }
 
+// an eager op program's output tree, ((outs...), {slot: write, ...}, None), from its leaves
+// (a list) as direct.py's form (n, slots) says, without the pytree's unflatten; nullptr, no
+// error set, where the leaves are not as many as the form says
+PyObject* formed(PyObject* form, PyObject* leaves) {
+  if (!PyList_Check(leaves)) return nullptr;
+  const Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(form, 0));
+  PyObject* slots = PyTuple_GET_ITEM(form, 1);
+  const Py_ssize_t nw = PyTuple_GET_SIZE(slots);
+  if (n < 0 || PyList_GET_SIZE(leaves) != n + nw) return nullptr;
+  PyObject* outs = PyList_GetSlice(leaves, 0, n);
+  PyObject* ot = outs ? PyList_AsTuple(outs) : nullptr;
+  Py_XDECREF(outs);
+  PyObject* writes = ot ? PyDict_New() : nullptr;
+  for (Py_ssize_t i = 0; writes && i < nw; ++i) {
+    if (PyDict_SetItem(writes, PyTuple_GET_ITEM(slots, i), PyList_GET_ITEM(leaves, n + i)) < 0) Py_CLEAR(writes);
+  }
+  PyObject* r = writes ? PyTuple_Pack(3, ot, writes, Py_None) : nullptr;
+  Py_XDECREF(ot);
+  Py_XDECREF(writes);
+  return r;
+}
+
 // the program's executable called on `bufs` (a tuple or list; None items are no arguments, as
 // in the jitted function's pytree) and the packed scalars (None or a tuple), without jax.jit's
-// dispatch (runtime/direct.py): direct = (execute_sharded, handlers, unflatten, precision);
+// dispatch (runtime/direct.py): direct = (execute_sharded, handlers, unflatten, precision, form);
 // what the jitted function returns, or Py_NotImplemented (a new reference, no error) where an
 // argument is not a JAX array (the jitted function takes those: it converts host arrays) or
 // torch's float32 matmul precision is not the one the executable was compiled under (jax.jit's
@@ -587,7 +616,9 @@ PyObject* call_direct(PyObject* direct, PyObject* bufs, PyObject* packed) {
   PyObject* outs = PyObject_CallMethodOneArg(results, s_consume, PyTuple_GET_ITEM(direct, 1));
   Py_DECREF(results);
   if (!outs) return nullptr;
-  PyObject* r = PyObject_CallOneArg(PyTuple_GET_ITEM(direct, 2), outs);
+  PyObject* form = PyTuple_GET_SIZE(direct) > 4 ? PyTuple_GET_ITEM(direct, 4) : Py_None;
+  PyObject* r = form != Py_None ? formed(form, outs) : nullptr;
+  if (!r && !PyErr_Occurred()) r = PyObject_CallOneArg(PyTuple_GET_ITEM(direct, 2), outs);
   Py_DECREF(outs);
   return r;
 }
@@ -612,7 +643,7 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < ne; ++i) {
-    PyObject* b = PyObject_GetAttr(PyList_GET_ITEM(entries, i), s_buf);
+    PyObject* b = entry_buf(PyList_GET_ITEM(entries, i));
     if (!b) {
       Py_DECREF(bufs);
       Py_DECREF(plan);
@@ -635,6 +666,9 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
   Py_DECREF(now);
   PyObject* direct = PyTuple_GET_ITEM(plan, 6);
   PyObject* r = direct != Py_None ? call_direct(direct, bufs, packed) : nullptr;
+  // the executable took every buffer (direct.py plans none that prunes one), so its writes
+  // are computed after the buffers they replace (PJRT runs a program once its inputs are)
+  const bool covered = direct != Py_None && r != Py_NotImplemented;
   if (direct == Py_None || r == Py_NotImplemented) {
     Py_XDECREF(r);
     r = PyObject_CallFunctionObjArgs(fn, bufs, packed, empty_tuple, nullptr);
@@ -653,7 +687,7 @@ PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
     return nullptr;
   }
   if (structure == 3) {  // in place: the written storages take their new buffers (leaf.commit)
-    int rc = commit(entries, PyTuple_GET_ITEM(r, 1));
+    int rc = commit(entries, PyTuple_GET_ITEM(r, 1), covered);
     Py_DECREF(r);
     Py_DECREF(plan);
     if (rc < 0 || count_hit() < 0) return nullptr;
@@ -710,6 +744,78 @@ PyObject* hit(PyObject*, PyObject* const* a, Py_ssize_t n) {
   return serve(a[0], a[1], a[2]);
 }
 
+// ---- the quick key's memo ---------------------------------------------------------------
+//
+// A call's quick key is nested tuples (five per tensor argument) made, hashed and compared
+// with the stored one per call: ~11 % of a strict 16x16 add under perf. The walk also writes
+// the key as bytes (walk.h's Walk::sig; equal bytes, equal keys), and the memo maps those
+// bytes to the Python key they stand for and what the op cache's by_quick_key held under it.
+// That object is taken as is while the dict has not changed since (its version tag, PEP 509:
+// any insertion, deletion or clear moves it), so it is still the dict's (borrowed, never kept
+// alive by the memo); after a change the memo's Python key is looked up again (a hash and a
+// compare, no walk). A call not in the memo makes its Python key as before.
+struct Memo {
+  PyObject* key;    // the Python key (strong: it also holds the objects whose addresses the bytes name)
+  PyObject* state;  // the lowering's state, named by its address (strong)
+  PyObject* found;  // by_quick_key[key] when the dict's version was `version` (borrowed)
+  uint64_t version;
+};
+std::unordered_map<std::string, Memo> memo;
+constexpr size_t MEMO_MAX = 4096;  // then it starts over (a signature per entry, ~100 bytes)
+
+#if PY_VERSION_HEX < 0x030C0000
+constexpr bool MEMO_ON = true;
+uint64_t dict_version(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+#else  // (ma_version_tag is deprecated from 3.12: no memo there)
+constexpr bool MEMO_ON = false;
+uint64_t dict_version(PyObject*) { return 0; }
+#endif
+
+void memo_clear() {
+  for (auto& kv : memo) {
+    Py_DECREF(kv.second.key);
+    Py_DECREF(kv.second.state);
+  }
+  memo.clear();
+}
+
+// what the memo knows for `sig` in `quick` (borrowed, its Python key in *key, a new
+// reference), nullptr where it knows nothing (an error set where the lookup raised)
+PyObject* memo_find(const std::string& sig, PyObject* quick, PyObject** key) {
+  auto it = memo.find(sig);
+  if (it == memo.end()) return nullptr;
+  Memo& m = it->second;
+  const uint64_t now = dict_version(quick);
+  if (m.version != now) {  // the dict changed: is the key still there, and with what
+    PyObject* found = PyDict_GetItemWithError(quick, m.key);
+    if (!found) {
+      Py_DECREF(m.key);
+      Py_DECREF(m.state);
+      memo.erase(it);
+      return nullptr;
+    }
+    m.found = found;
+    m.version = now;
+  }
+  Py_INCREF(m.key);
+  *key = m.key;
+  return m.found;
+}
+
+void memo_note(const std::string& sig, PyObject* state, PyObject* key, PyObject* found, PyObject* quick) {
+  if (memo.size() >= MEMO_MAX) memo_clear();
+  Py_INCREF(key);
+  Py_INCREF(state);
+  auto [it, fresh] = memo.try_emplace(sig, Memo{key, state, found, dict_version(quick)});
+  if (!fresh) {  // (not found there a moment ago: only a re-entered call could have added it)
+    Py_DECREF(it->second.key);
+    Py_DECREF(it->second.state);
+    it->second = Memo{key, state, found, dict_version(quick)};
+  }
+}
+
+PyObject* memo_size(PyObject*, PyObject*) { return PyLong_FromSize_t(memo.size()); }
+
 // ---- the whole call: gate, key, hit ----------------------------------------------------
 
 struct Gate {
@@ -759,6 +865,10 @@ PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
       return nullptr;
     }
   }
+  if (!PyDict_CheckExact(a[0])) {  // (the memo reads its version tag)
+    PyErr_SetString(PyExc_TypeError, "configure_fast: the quick keys' cache must be a dict");
+    return nullptr;
+  }
   if (!PyType_Check(a[13]) || !PyDict_CheckExact(a[14])) {
     PyErr_SetString(PyExc_TypeError, "configure_fast: the Bucketed type, then the packs by key (a dict)");
     return nullptr;
@@ -772,6 +882,7 @@ PyObject* configure_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     Py_XSETREF(*slots[i], a[i]);
   }
   gate.precision = -1;
+  memo_clear();  // (what it found was another dict's)
   Py_RETURN_NONE;
 }
 
@@ -859,6 +970,7 @@ PyObject* cached_pack(PyObject* vals, PyObject* codes) {
   return got;
 }
 
+
 // fast(state, args, kwargs) -> result | NotImplemented
 //   state: (low, name, mode, scan_info) of one lowering. The call, served whole where it is a
 //   strict cache hit with a plan, or recorded (record.h) where defer_and_fuse records a signature
@@ -898,9 +1010,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   }
   if (sync_precision() < 0) return nullptr;
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::get_default_dtype_as_scalartype()));
-  PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2),
-                                PyList_GET_ITEM(gate.checks, 0), dtype);
-  if (!head) return nullptr;
+  PyObject* checks = PyList_GET_ITEM(gate.checks, 0);
   PyObject* entries = PyList_New(0);
   PyObject* offsets = PyList_New(0);
   PyObject* dyn = PyList_New(0);
@@ -910,29 +1020,74 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* compiled = nullptr;
   PyObject* bucketed = nullptr;  // an extents.Bucketed the key found (`compiled`: its program, if it fits)
   PyObject* sizes = nullptr;     // its true sizes, riding after the offsets
-  if (entries && offsets && dyn && tensors) {
+  if (!entries || !offsets || !dyn || !tensors) goto done;
+  {
+    // the key as bytes (its head: the lowering's state, device-side checks, the default dtype)
+    thread_local std::string sig;
+    sig.clear();
     Walk w{st.table, entries, offsets, dyn, tensors, {}};
-    key = walk_key(w, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
-  }
-  Py_DECREF(head);
-  if (!key) goto done;
-  if (key == Py_None) {  // an argument the walk does not read: the full path
-    out = not_here();
-    goto done;
-  }
-  if (marked) {
-    const int over = over_marked(entries, marked);
-    if (over < 0) goto done;
-    if (over) {  // the interceptor serves it (eager/dynamism.py)
+    w.sig = &sig;
+    w.build = false;
+    w.flat_ok = MEMO_ON && (checks == Py_True || checks == Py_False);
+    put(w, static_cast<const void*>(state));
+    put(w, static_cast<char>(checks == Py_True));
+    put(w, static_cast<const void*>(dtype));
+    PyObject* walked = walk_key(w, Py_None, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
+    if (!walked) goto done;
+    Py_DECREF(walked);
+    if (walked == Py_None) {  // an argument the walk does not read: the full path
       out = not_here();
       goto done;
     }
+    // (the walk made no object the cyclic GC tracks, so no finalizer ran an op reusing `sig`;
+    // over_marked's weak references may start a collection: the bytes are copied first)
+    std::string kept;
+    const std::string* bytes = &sig;
+    if (marked) {
+      kept = sig;
+      bytes = &kept;
+      const int over = over_marked(entries, marked);
+      if (over < 0) goto done;
+      if (over) {  // the interceptor serves it (eager/dynamism.py)
+        out = not_here();
+        goto done;
+      }
+    }
+    PyObject* found = w.flat_ok ? memo_find(*bytes, gate.quick, &key) : nullptr;  // borrowed
+    if (!found && PyErr_Occurred()) goto done;
+    if (found) {
+      // held while Python runs below (a finalizer or a thread may empty the cache)
+      compiled = found;
+      Py_INCREF(compiled);
+    } else {
+      // not in the memo: the Python key, the lists walked again with it (its tuples may start
+      // a collection whose finalizers run ops here: the bytes are copied first)
+      Py_CLEAR(key);
+      const std::string flat = w.flat_ok ? *bytes : std::string();
+      PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2), checks, dtype);
+      if (!head) goto done;
+      PyObject* lists[] = {entries, offsets, dyn, tensors};
+      for (PyObject* l : lists) {
+        if (PyList_SetSlice(l, 0, PyList_GET_SIZE(l), nullptr) < 0) {
+          Py_DECREF(head);
+          goto done;
+        }
+      }
+      Walk again{st.table, entries, offsets, dyn, tensors, {}};
+      key = walk_key(again, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
+      Py_DECREF(head);
+      if (!key) goto done;
+      if (key == Py_None) {  // (the same arguments read the same way: not expected)
+        out = not_here();
+        goto done;
+      }
+      compiled = PyDict_GetItemWithError(gate.quick, key);
+      if (!compiled && PyErr_Occurred()) goto done;
+      Py_XINCREF(compiled);
+      if (compiled && w.flat_ok) memo_note(flat, state, key, compiled, gate.quick);
+    }
   }
   {
-    // held while Python runs below (a finalizer or a thread may empty the cache)
-    compiled = PyDict_GetItemWithError(gate.quick, key);
-    if (!compiled && PyErr_Occurred()) goto done;
-    Py_XINCREF(compiled);
     if (compiled && Py_TYPE(compiled) == reinterpret_cast<PyTypeObject*>(gate.bucketed)) {
       // a view written over its bucket: its program, with the true sizes after the offsets,
       // where this call plans as the one it was found for did (else resume() plans it again)
@@ -1109,7 +1264,7 @@ PyObject* graph_fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyTuple_SET_ITEM(key, i, k);
     PyObject* b = Py_None;
     if (e) {
-      b = PyObject_GetAttr(e, s_buf);
+      b = entry_buf(e);
       if (!b) goto done;
       if (Py_TYPE(b) != st.array_type) {  // not computed yet: the Python path materializes it
         Py_DECREF(b);
@@ -1277,6 +1432,7 @@ PyMethodDef methods[] = {
      "hit(compiled, entries, packed) -> result | NotImplemented"},
     {"flush_counts", flush_counts, METH_NOARGS,
      "flush_counts(): the hits served since the last call, into metrics' counters"},
+    {"memo_size", memo_size, METH_NOARGS, "memo_size(): how many quick keys the memo of their bytes holds"},
     {"register_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
      "register_kernel(name, kernel): the Kernel as an aten overload's PrivateUse1 kernel (csrc/boxed.h)"},
     {nullptr, nullptr, 0, nullptr}};

@@ -225,7 +225,7 @@ int recordable(PyObject* g, PyObject* compiled, PyObject* entries) {
   Py_DECREF(churn);
   if (churning) return churning < 0 ? -1 : 0;  // a region being watched for a compile storm
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); ++i) {
-    PyObject* b = PyObject_GetAttr(PyList_GET_ITEM(entries, i), s_buf);
+    PyObject* b = entry_buf(PyList_GET_ITEM(entries, i));
     if (!b) return -1;
     const bool plain = b == Py_None || Py_TYPE(b) == st.array_type ||
                        Py_TYPE(b) == pending_maker.type;
@@ -259,7 +259,7 @@ PyObject* record_refs(PyObject* g, PyObject* entries) {
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < ne; ++i) {
-    PyObject* b = PyObject_GetAttr(PyList_GET_ITEM(entries, i), s_buf);
+    PyObject* b = entry_buf(PyList_GET_ITEM(entries, i));
     PyObject* r = nullptr;
     if (!b) goto fail;
     if (b == Py_None) {
