@@ -24,6 +24,24 @@ def no_fallback():
         torchtpu.set_fallback(True)
 
 
+@pytest.fixture
+def gate_open():
+    """The C++ gate's sticky reasons off for the test (a carried dtype or a second device seen
+    by an earlier test in this process closes it for good), as in a process that never met them."""
+    from torchtpu.runtime import placement
+    from torchtpu.runtime.jaxenv import CARRIED_SEEN
+
+    cells = (CARRIED_SEEN, placement.SPREAD)
+    was = [c[0] for c in cells]
+    for c in cells:
+        c[0] = False
+    try:
+        yield
+    finally:
+        for c, v in zip(cells, was):
+            c[0] = v
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

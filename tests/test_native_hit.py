@@ -22,24 +22,6 @@ def _native_hits() -> int:
     return torchtpu.metrics().get("native_hits", 0)
 
 
-@pytest.fixture
-def gate_open():
-    """The C++ gate's sticky reasons off for the test (a carried dtype or a second device seen
-    by an earlier test in this process closes it for good), as in a process that never met them."""
-    from torchtpu.runtime import placement
-    from torchtpu.runtime.jaxenv import CARRIED_SEEN
-
-    cells = (CARRIED_SEEN, placement.SPREAD)
-    was = [c[0] for c in cells]
-    for c in cells:
-        c[0] = False
-    try:
-        yield
-    finally:
-        for c, v in zip(cells, was):
-            c[0] = v
-
-
 def _inputs(dtype):
     g = torch.Generator().manual_seed(1)
     if dtype == torch.bool:
