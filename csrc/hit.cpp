@@ -623,10 +623,12 @@ PyObject* call_direct(PyObject* direct, PyObject* bufs, PyObject* packed) {
   return r;
 }
 
-// compiled.hit run on the entries' buffers; NotImplemented where the Python path must serve
-PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed) {
-  PyObject* plan = PyObject_GetAttr(compiled, s_hit);
+// compiled.hit run on the entries' buffers; NotImplemented where the Python path must serve.
+// `read`: compiled.hit as the caller read it (borrowed), or nullptr: read here
+PyObject* serve(PyObject* compiled, PyObject* entries, PyObject* packed, PyObject* read = nullptr) {
+  PyObject* plan = read ? read : PyObject_GetAttr(compiled, s_hit);
   if (!plan) return nullptr;
+  if (read) Py_INCREF(plan);
   if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 7) {
     Py_DECREF(plan);
     return not_here();
@@ -1146,7 +1148,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
           packed = Py_None;  // (what scalars.pack_cached gives for no values)
           Py_INCREF(packed);
         }
-        if (packed) out = serve(compiled, entries, packed);
+        if (packed) out = serve(compiled, entries, packed, plan);
         Py_XDECREF(packed);
         if (out && out != Py_NotImplemented && sizes && add_to(st.counts, s_bucketed_view_ops, 1) < 0) Py_CLEAR(out);
         out = planned_result(out, plan, 2, 4, args, kwargs);
