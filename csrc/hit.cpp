@@ -1024,48 +1024,57 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
   PyObject* sizes = nullptr;     // its true sizes, riding after the offsets
   if (!entries || !offsets || !dyn || !tensors) goto done;
   {
-    // the key as bytes (its head: the lowering's state, device-side checks, the default dtype)
+    // First the key as bytes (its head: the lowering's state, device-side checks, the default
+    // dtype), looked up in the memo; where the memo does not know them (or cannot be asked:
+    // another CPython, a checks flag other than a bool), the Python key.
+    const bool memo_on = MEMO_ON && (checks == Py_True || checks == Py_False);
     thread_local std::string sig;
-    sig.clear();
-    Walk w{st.table, entries, offsets, dyn, tensors, {}};
-    w.sig = &sig;
-    w.build = false;
-    w.flat_ok = MEMO_ON && (checks == Py_True || checks == Py_False);
-    put(w, static_cast<const void*>(state));
-    put(w, static_cast<char>(checks == Py_True));
-    put(w, static_cast<const void*>(dtype));
-    PyObject* walked = walk_key(w, Py_None, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
-    if (!walked) goto done;
-    Py_DECREF(walked);
-    if (walked == Py_None) {  // an argument the walk does not read: the full path
-      out = not_here();
-      goto done;
-    }
-    // (the walk made no object the cyclic GC tracks, so no finalizer ran an op reusing `sig`;
-    // over_marked's weak references may start a collection: the bytes are copied first)
-    std::string kept;
+    std::string kept;  // the bytes, where Python may run before they are last read
     const std::string* bytes = &sig;
-    if (marked) {
-      kept = sig;
-      bytes = &kept;
-      const int over = over_marked(entries, marked);
-      if (over < 0) goto done;
-      if (over) {  // the interceptor serves it (eager/dynamism.py)
+    bool flat_ok = false;
+    PyObject* found = nullptr;  // borrowed
+    if (memo_on) {
+      sig.clear();
+      Walk w{st.table, entries, offsets, dyn, tensors, {}};
+      w.sig = &sig;
+      w.build = false;
+      put(w, static_cast<const void*>(state));
+      put(w, static_cast<char>(checks == Py_True));
+      put(w, static_cast<const void*>(dtype));
+      PyObject* walked = walk_key(w, Py_None, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
+      if (!walked) goto done;
+      Py_DECREF(walked);
+      if (walked == Py_None) {  // an argument the walk does not read: the full path
         out = not_here();
         goto done;
       }
+      flat_ok = w.flat_ok;
+      // (the walk made no object the cyclic GC tracks, so no finalizer ran an op reusing `sig`;
+      // over_marked's weak references may start a collection: the bytes are copied first)
+      if (marked) {
+        kept = sig;
+        bytes = &kept;
+        const int over = over_marked(entries, marked);
+        if (over < 0) goto done;
+        if (over) {  // the interceptor serves it (eager/dynamism.py)
+          out = not_here();
+          goto done;
+        }
+      }
+      found = flat_ok ? memo_find(*bytes, gate.quick, &key) : nullptr;
+      if (!found && PyErr_Occurred()) goto done;
     }
-    PyObject* found = w.flat_ok ? memo_find(*bytes, gate.quick, &key) : nullptr;  // borrowed
-    if (!found && PyErr_Occurred()) goto done;
     if (found) {
       // held while Python runs below (a finalizer or a thread may empty the cache)
       compiled = found;
       Py_INCREF(compiled);
     } else {
-      // not in the memo: the Python key, the lists walked again with it (its tuples may start
-      // a collection whose finalizers run ops here: the bytes are copied first)
-      Py_CLEAR(key);
-      const std::string flat = w.flat_ok ? *bytes : std::string();
+      // the Python key, the lists walked (again) with it; its tuples may start a collection
+      // whose finalizers run ops here: the bytes are copied first
+      if (flat_ok && bytes == &sig) {
+        kept = sig;
+        bytes = &kept;
+      }
       PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2), checks, dtype);
       if (!head) goto done;
       PyObject* lists[] = {entries, offsets, dyn, tensors};
@@ -1075,18 +1084,26 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
           goto done;
         }
       }
-      Walk again{st.table, entries, offsets, dyn, tensors, {}};
-      key = walk_key(again, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
+      Walk w{st.table, entries, offsets, dyn, tensors, {}};
+      key = walk_key(w, head, args, kwargs ? kwargs : Py_None, PyTuple_GET_ITEM(state, 3));
       Py_DECREF(head);
       if (!key) goto done;
-      if (key == Py_None) {  // (the same arguments read the same way: not expected)
+      if (key == Py_None) {  // an argument the walk does not read: the full path
         out = not_here();
         goto done;
+      }
+      if (marked && !memo_on) {  // (with the memo: asked after its walk)
+        const int over = over_marked(entries, marked);
+        if (over < 0) goto done;
+        if (over) {  // the interceptor serves it (eager/dynamism.py)
+          out = not_here();
+          goto done;
+        }
       }
       compiled = PyDict_GetItemWithError(gate.quick, key);
       if (!compiled && PyErr_Occurred()) goto done;
       Py_XINCREF(compiled);
-      if (compiled && w.flat_ok) memo_note(flat, state, key, compiled, gate.quick);
+      if (compiled && flat_ok) memo_note(*bytes, state, key, compiled, gate.quick);
     }
   }
   {

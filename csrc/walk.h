@@ -378,10 +378,14 @@ PyObject* item(Walk& w, PyObject* v, bool runtime, long kind) {
   } else if (PyUnicode_CheckExact(v)) {
     Py_ssize_t len = 0;
     const char* s = w.sig ? PyUnicode_AsUTF8AndSize(v, &len) : nullptr;
-    if (w.sig && !s) return nullptr;
-    put(w, 'u');
-    put(w, static_cast<int64_t>(len));
-    if (w.sig) w.sig->append(s, static_cast<size_t>(len));
+    if (w.sig && !s) {  // (no UTF-8 form: a lone surrogate) the key compares it; the bytes cannot
+      PyErr_Clear();
+      w.flat_ok = false;
+    } else if (w.sig) {
+      put(w, 'u');
+      put(w, static_cast<int64_t>(len));
+      w.sig->append(s, static_cast<size_t>(len));
+    }
   } else {
     return bail();
   }
