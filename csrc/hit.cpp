@@ -85,7 +85,6 @@ PyObject* s_hit;
 PyObject* s_consume;
 PyObject* s_direct;
 PyObject* s_used;
-PyObject* s_watch;
 PyObject* s_index;
 PyObject* s_addr;
 PyObject* s_nbytes;
@@ -299,10 +298,10 @@ int tidy_parked() {
   return 0;
 }
 
-// storage._release for an entry of device 0 without a device address (other entries: the
-// Python function): drop it from the table, uncount its bytes, break the entry -> weakref
-// cycle, park its buffer for synchronize(). Called as the storage weakref's callback (a
-// Release of the entry). No JAX calls here (see inflight.py).
+// storage._release for an entry made here (attach) whose storage died, of device 0 without
+// a device address (other entries: the Python function): drop it from the table, uncount its
+// bytes, park its buffer for synchronize(). Its `watch` is None (no weakref: its DataPtr's
+// deleter calls this, release_data). No JAX calls here (see inflight.py).
 PyObject* released_entry(PyObject* key, PyObject* entry) {
   if (Py_IsFinalizing() || !st.table) Py_RETURN_NONE;  // interpreter exit: the process frees it all
   // (slots: buf 0, numel 1, dtype 2, nbytes 3, watch 4, addr 5, untyped 6, index 7)
@@ -328,7 +327,6 @@ PyObject* released_entry(PyObject* key, PyObject* entry) {
     if (!had && PyErr_Occurred()) return nullptr;
     if (add_to(st.stats, s_allocated, -nbytes) < 0) return nullptr;
   }
-  if (PyObject_SetAttr(entry, s_watch, Py_None) < 0) return nullptr;
   PyObject* buf = entry_buf(entry);
   if (!buf) return nullptr;
   // inflight.retire: a device buffer (anything with is_ready) is parked
@@ -567,9 +565,11 @@ PyObject* formed(PyObject* form, PyObject* leaves) {
   PyObject* slots = PyTuple_GET_ITEM(form, 1);
   const Py_ssize_t nw = PyTuple_GET_SIZE(slots);
   if (n < 0 || PyList_GET_SIZE(leaves) != n + nw) return nullptr;
-  PyObject* outs = PyList_GetSlice(leaves, 0, n);
-  PyObject* ot = outs ? PyList_AsTuple(outs) : nullptr;
-  Py_XDECREF(outs);
+  PyObject* ot = PyTuple_New(n);
+  for (Py_ssize_t i = 0; ot && i < n; ++i) {
+    Py_INCREF(PyList_GET_ITEM(leaves, i));
+    PyTuple_SET_ITEM(ot, i, PyList_GET_ITEM(leaves, i));
+  }
   PyObject* writes = ot ? PyDict_New() : nullptr;
   for (Py_ssize_t i = 0; writes && i < nw; ++i) {
     if (PyDict_SetItem(writes, PyTuple_GET_ITEM(slots, i), PyList_GET_ITEM(leaves, n + i)) < 0) Py_CLEAR(writes);
@@ -1029,10 +1029,7 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
     // another CPython, a checks flag other than a bool), the Python key.
     const bool memo_on = MEMO_ON && (checks == Py_True || checks == Py_False);
     thread_local std::string sig;
-    std::string kept;  // the bytes, where Python may run before they are last read
-    const std::string* bytes = &sig;
     bool flat_ok = false;
-    PyObject* found = nullptr;  // borrowed
     if (memo_on) {
       sig.clear();
       Walk w{st.table, entries, offsets, dyn, tensors, {}};
@@ -1049,32 +1046,16 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         goto done;
       }
       flat_ok = w.flat_ok;
-      // (the walk made no object the cyclic GC tracks, so no finalizer ran an op reusing `sig`;
-      // over_marked's weak references may start a collection: the bytes are copied first)
-      if (marked) {
-        kept = sig;
-        bytes = &kept;
-        const int over = over_marked(entries, marked);
-        if (over < 0) goto done;
-        if (over) {  // the interceptor serves it (eager/dynamism.py)
-          out = not_here();
-          goto done;
-        }
-      }
-      found = flat_ok ? memo_find(*bytes, gate.quick, &key) : nullptr;
+      // (the walk made no object the cyclic GC tracks: no finalizer has run an op reusing
+      // `sig` or emptied the cache before what the memo found is held)
+      PyObject* found = flat_ok ? memo_find(sig, gate.quick, &key) : nullptr;  // borrowed
       if (!found && PyErr_Occurred()) goto done;
+      compiled = found;  // held while Python runs below (a finalizer or a thread may empty the cache)
+      Py_XINCREF(compiled);
     }
-    if (found) {
-      // held while Python runs below (a finalizer or a thread may empty the cache)
-      compiled = found;
-      Py_INCREF(compiled);
-    } else {
-      // the Python key, the lists walked (again) with it; its tuples may start a collection
-      // whose finalizers run ops here: the bytes are copied first
-      if (flat_ok && bytes == &sig) {
-        kept = sig;
-        bytes = &kept;
-      }
+    if (!key) {  // not found by the memo: the Python key, the lists walked (again) with it
+      // (its tuples may start a collection whose finalizers run ops here: the bytes copied first)
+      const std::string flat = flat_ok ? sig : std::string();
       PyObject* head = PyTuple_Pack(4, PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2), checks, dtype);
       if (!head) goto done;
       PyObject* lists[] = {entries, offsets, dyn, tensors};
@@ -1092,18 +1073,18 @@ PyObject* fast(PyObject*, PyObject* const* a, Py_ssize_t n) {
         out = not_here();
         goto done;
       }
-      if (marked && !memo_on) {  // (with the memo: asked after its walk)
-        const int over = over_marked(entries, marked);
-        if (over < 0) goto done;
-        if (over) {  // the interceptor serves it (eager/dynamism.py)
-          out = not_here();
-          goto done;
-        }
-      }
       compiled = PyDict_GetItemWithError(gate.quick, key);
       if (!compiled && PyErr_Occurred()) goto done;
       Py_XINCREF(compiled);
-      if (compiled && flat_ok) memo_note(*bytes, state, key, compiled, gate.quick);
+      if (compiled && flat_ok) memo_note(flat, state, key, compiled, gate.quick);
+    }
+    if (marked) {
+      const int over = over_marked(entries, marked);
+      if (over < 0) goto done;
+      if (over) {  // the interceptor serves it (eager/dynamism.py)
+        out = not_here();
+        goto done;
+      }
     }
   }
   {
@@ -1481,7 +1462,6 @@ PyMODINIT_FUNC PyInit__hit(void) {
   record_init();
   walk_init();
   s_used = PyUnicode_InternFromString("used");
-  s_watch = PyUnicode_InternFromString("watch");
   s_index = PyUnicode_InternFromString("index");
   s_addr = PyUnicode_InternFromString("addr");
   s_nbytes = PyUnicode_InternFromString("nbytes");
