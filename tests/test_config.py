@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import torch
 import torchtpu
 from torchtpu import config
 
@@ -40,6 +41,7 @@ PARSED = [
     ("dump_stablehlo", "", None), ("dump_stablehlo", "/d", "/d"),
     ("coordinator_address", "", None), ("coordinator_address", "h:1", "h:1"),
     ("dist_check", "0", False), ("dist_check_grace", "0.25", 0.25), ("dist_abort", "0", False),
+    ("jax_tracebacks", "1", True), ("jax_tracebacks", "", False), ("jax_tracebacks", "0", False),
 ]
 
 
@@ -104,6 +106,18 @@ def test_public():
     assert isinstance(config.startup, config.Config)
 
 
+def test_jax_records_no_stacks_unless_asked():
+    """JAX's per-launch stack record is off after import (TORCHTPU_JAX_TRACEBACKS unset), and
+    a traced op's errors still name the op: torchtpu's own, not JAX's source info."""
+    from jax._src.lib import _jax
+
+    if "TORCHTPU_JAX_TRACEBACKS" not in os.environ:
+        assert _jax.tracebacks_enabled() is False
+    x = torch.ones(2, 3, device="tpu")
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        torch.mm(x, x)
+
+
 @pytest.mark.slow
 def test_import_time_variables_reach_their_modules():
     """Set before import, each import-time variable is what its module runs with."""
@@ -111,7 +125,8 @@ def test_import_time_variables_reach_their_modules():
                TORCHTPU_CHECKS="0", TORCHTPU_FALLBACK="0", TORCHTPU_MAX_EXECUTABLES="11",
                TORCHTPU_MAX_EXECUTABLES_PER_OP="5", TORCHTPU_MAX_REGIONS="3", TORCHTPU_DEFER_MAX_OPS="77",
                TORCHTPU_DEFER_CHURN="4", TORCHTPU_DEFER_CHUNK_OPS="99", TORCHTPU_DEFER_DONATE="1",
-               TORCHTPU_FAST_COMPILE_AFTER="2", TORCHTPU_BUCKET_MB="1", TORCHTPU_FIRST_BUCKET_MB="0.5")
+               TORCHTPU_FAST_COMPILE_AFTER="2", TORCHTPU_BUCKET_MB="1", TORCHTPU_FIRST_BUCKET_MB="0.5",
+               TORCHTPU_JAX_TRACEBACKS="1")
     code = (
         "import torchtpu\n"
         "from torchtpu.eager import deferred, modes, op_program, region_plan\n"
@@ -119,9 +134,12 @@ def test_import_time_variables_reach_their_modules():
         "print(torchtpu.get_eager_mode(), modes.debug_nans(), torchtpu.checks_enabled(),\n"
         "      torchtpu.fallback_enabled(), sorted(torchtpu.executable_limit().items()),\n"
         "      deferred.MAX_OPS, deferred.CHURN, deferred.DONATE, op_program.FAST_AFTER,\n"
-        "      collectives.BUCKET_BYTES, collectives.FIRST_BUCKET_BYTES, region_plan.MIN_OPS)\n")
+        "      collectives.BUCKET_BYTES, collectives.FIRST_BUCKET_BYTES, region_plan.MIN_OPS)\n"
+        "from jax._src.lib import _jax\n"
+        "print(_jax.tracebacks_enabled())\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[-2] == (
+    assert out.stdout.split("\n")[-2] == "True"  # TORCHTPU_JAX_TRACEBACKS=1
+    assert out.stdout.split("\n")[-3] == (
         f"debug True False False [('per_op', 5), ('regions', 3), ('total', 11), ('total_bytes', {2048 << 20})] "
         "77 4 True 2 1048576 524288 99")  # (total_bytes: TORCHTPU_MAX_EXECUTABLE_MB's default, 2048)

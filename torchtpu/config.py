@@ -80,6 +80,10 @@ class Config:
     varying_after: int = _var("TORCHTPU_VARYING_AFTER", "1", _int("1"),
                               "distinct sizes of one op signature compiled exactly before a varying dim runs "
                               "in buckets (views written in place, index lengths: eager/extents.py); `0`: never")
+    jax_tracebacks: bool = _var("TORCHTPU_JAX_TRACEBACKS", "0", _off_unless("0", ""),
+                                "`1`: JAX records the Python stack at every program launch and traced op "
+                                "(its own debugging aid, never shown by torchtpu; costs ~0.5 us an op, "
+                                "several in deep stacks)")
     # executable caches
     max_executables: int = _var("TORCHTPU_MAX_EXECUTABLES", "4096", _int("4096"),
                                 "eager-op executables kept, all ops together (`set_executable_limit`)")
