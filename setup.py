@@ -21,7 +21,7 @@ setup(
         CppExtension("torchtpu.runtime._device_guard", ["csrc/device_guard.cpp"], extra_compile_args=["-O1"]),
         # on every op call's path: optimized
         CppExtension("torchtpu.runtime._scan", ["csrc/scan.cpp"], depends=["csrc/walk.h"], extra_compile_args=["-O2"]),
-        CppExtension("torchtpu.runtime._hit", ["csrc/hit.cpp"], depends=["csrc/walk.h", "csrc/record.h", "csrc/slots.h", "csrc/kernel.h", "csrc/boxed.h", "csrc/gil_lock.h", "csrc/held.h"], extra_compile_args=["-O2"]),
+        CppExtension("torchtpu.runtime._hit", ["csrc/hit.cpp"], depends=["csrc/walk.h", "csrc/record.h", "csrc/slots.h", "csrc/kernel.h", "csrc/boxed.h", "csrc/views.h", "csrc/gil_lock.h", "csrc/held.h"], extra_compile_args=["-O2"]),
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
 )

@@ -131,7 +131,8 @@ class BoxedKernel final : public c10::OperatorKernel {
       Py_DECREF(o);
       if (rc < 0) goto done;
     }
-    out = kernel_call(kernel_, args, kwargs);
+    // a Kernel through its fast call; any other callable (a view's Python kernel: views.h) plainly
+    out = Py_TYPE(kernel_) == &KernelType ? kernel_call(kernel_, args, kwargs) : PyObject_Call(kernel_, args, kwargs);
   done:
     Py_DECREF(args);
     Py_DECREF(kwargs);

@@ -38,6 +38,8 @@
 //   storage._lock: a reentrant lock taken from C++ without a Python call (csrc/gil_lock.h)
 // register_kernel(name, kernel)
 //   that Kernel registered with the dispatcher as a C++ boxed kernel (csrc/boxed.h)
+// register_view(name, kind, python_kernel)
+//   a common view op as a C++ kernel, stride arithmetic over its base's storage (csrc/views.h)
 #include "walk.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -1178,6 +1180,7 @@ done:
 
 #include "kernel.h"
 #include "boxed.h"
+#include "views.h"
 
 // ---- a compiled graph's call -----------------------------------------------------------
 
@@ -1433,6 +1436,9 @@ PyMethodDef methods[] = {
     {"flush_counts", flush_counts, METH_NOARGS,
      "flush_counts(): the hits served since the last call, into metrics' counters"},
     {"memo_size", memo_size, METH_NOARGS, "memo_size(): how many quick keys the memo of their bytes holds"},
+    {"register_view", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_view)), METH_FASTCALL,
+     "register_view(name, kind, python_kernel): a C++ view kernel for an aten overload at PrivateUse1, "
+     "python_kernel off its fast path (csrc/views.h)"},
     {"register_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
      "register_kernel(name, kernel): the Kernel as an aten overload's PrivateUse1 kernel (csrc/boxed.h)"},
     {nullptr, nullptr, 0, nullptr}};
