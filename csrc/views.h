@@ -9,7 +9,8 @@
 // than in the add.
 //
 // Scope: the calls the Python fast paths serve (eager/view_kernels.py's _FAST_VIEWS), with the
-// same arithmetic; anything else -- a dim out of range, an index past the end, a negative step,
+// same arithmetic, and as_strided (which PyTorch's composite views -- squeeze, diagonal,
+// split_with_sizes, unbind -- end in) within the bytes the storage table holds; anything else -- a dim out of range, an index past the end, a negative step,
 // a symbolic size, a 0-d tensor -- goes to the Python kernel it was registered with, which takes
 // its meta path and raises PyTorch's own error. `view` and `_reshape_alias` run Meta's C++
 // kernel, as the Python kernel did first, and go to Python where it throws (a growth's padded
@@ -22,8 +23,27 @@
 namespace {
 
 enum ViewKind : int {
-  kSelect = 0, kSlice, kT, kTranspose, kPermute, kUnsqueeze, kSqueezeDim, kExpand, kView, kReshapeAlias, kViewKinds
+  kSelect = 0, kSlice, kT, kTranspose, kPermute, kUnsqueeze, kSqueezeDim, kExpand, kView, kReshapeAlias,
+  kAsStrided, kViewKinds
 };
+
+// the bytes the storage table's entry holds for `t`'s storage (as_strided's bound), or -1 where
+// there is none to read here (the Python kernel then decides, with its error)
+long long table_nbytes(const at::Tensor& t) {
+  pybind11::gil_scoped_acquire gil;
+  if (!st.table || !entry_maker.type) return -1;
+  PyObject* addr = PyLong_FromVoidPtr(t.storage().unsafeGetStorageImpl());
+  PyObject* entry = addr ? PyDict_GetItemWithError(st.table, addr) : nullptr;  // borrowed
+  Py_XDECREF(addr);
+  PyObject* nb = entry ? slot_read(entry, entry_maker.type, entry_maker.offsets[3], s_nbytes) : nullptr;
+  long long n = nb && PyLong_CheckExact(nb) ? PyLong_AsLongLong(nb) : -1;
+  Py_XDECREF(nb);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    n = -1;
+  }
+  return n;
+}
 
 // a dim in [-n, n) as a non-negative one; -1 off the fast path (n == 0 included)
 int64_t view_dim(int64_t d, int64_t n) {
@@ -187,6 +207,29 @@ at::Tensor view_geometry(int kind, c10::ArrayRef<c10::IValue> args) {
       } catch (const c10::Error&) {
         return at::Tensor();
       }
+    }
+    case kAsStrided: {  // as_strided(self, size, stride, storage_offset=None)
+      if (!args[1].isIntList() || !args[2].isIntList()) return at::Tensor();
+      auto size = args[1].toIntVector(), stride = args[2].toIntVector();
+      if (size.size() != stride.size()) return at::Tensor();
+      if (!args[3].isNone() && !view_int(args[3], off)) return at::Tensor();
+      if (off < 0) return at::Tensor();
+      // PyTorch's setStorage bound, against the bytes the table holds: a program reads a view
+      // at a runtime offset, which XLA clamps into the buffer, so no view may reach past it
+      bool empty = false;
+      int64_t last = off;
+      for (size_t i = 0; i < size.size(); ++i) {
+        if (size[i] < 0 || stride[i] < 0) return at::Tensor();
+        if (size[i] == 0) empty = true;
+        else last += (size[i] - 1) * stride[i];
+      }
+      if (!empty) {
+        const long long have = table_nbytes(self);
+        if (have < 0 || (last + 1) * static_cast<long long>(self.dtype().itemsize()) > have) return at::Tensor();
+      }
+      sh.assign(size.begin(), size.end());
+      st.assign(stride.begin(), stride.end());
+      break;
     }
     default:
       return at::Tensor();

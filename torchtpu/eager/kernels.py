@@ -41,6 +41,12 @@ def _impl(name: str, fn) -> None:
     elif _native_kernel is not None and type(fn) is _native_kernel:
         # a C++ boxed kernel: the dispatcher calls it without PythonKernelHolder (csrc/boxed.h)
         tensors.native.register_kernel(name, fn)
+    elif _native_kernel is not None and name in view_kernels.NATIVE_KINDS:
+        # a common view: C++ stride arithmetic, `fn` off its fast path (csrc/views.h); or
+        # (None) PyTorch's composite kernel over those views
+        kind = view_kernels.NATIVE_KINDS[name]
+        if kind is not None:
+            tensors.native.register_view(name, kind, fn)
     else:
         _lib.impl(name, fn, "PrivateUse1")
     _registered.add(name)

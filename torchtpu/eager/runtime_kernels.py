@@ -63,6 +63,14 @@ def as_strided(self, size, stride, storage_offset=None):
     if len(size) != len(stride):  # CPU's setStrided check
         raise RuntimeError("mismatch in length of strides and shape")
     off = self.storage_offset() if storage_offset is None else storage_offset
+    # CPU's setStrided and setStorage checks, in its words (an alias with any of these would
+    # address outside the buffer)
+    if any(st < 0 for st in stride):
+        raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: {list(stride)}")
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}")
+    if off < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {off}")
     _check_in_bounds(self, size, stride, off)
     return tensors.alias(self, size, stride, off)
 
