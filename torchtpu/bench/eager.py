@@ -13,7 +13,8 @@ function does no work (it hands back what its first call computed), i.e. Dynamo'
 aot_autograd's wrappers, PyTorch's own per-call cost on these inputs; "ours" is graph minus
 that. Ratios are to the floor.
 
-Then a small GPT's training step (forward, loss, backward, AdamW), host time per step:
+Then views alone (`a[3]`, a slice, a split, ...: metadata only, no device work), against the
+same view of a CPU tensor. Then a small GPT's training step (forward, loss, backward, AdamW), host time per step:
 torch CPU eager (its arithmetic included: a tiny model's is small), and tpu strict, defer_and_fuse (recording and the region's launch) and a
 torch.compile'd model, each issuing steps back to back with one wait at the end; and the
 mean over --sustained steps in a row with the time Python's cyclic GC took in them (its full
@@ -90,6 +91,33 @@ CASES = [
     ("view mul_", (64, 96), lambda a, b: a[:5, :12].mul_(1.0001), lambda a, b: a.at[:5, :12].multiply(1.0001)),
     ("sum", (16, 16), lambda a, b: a.sum(1), lambda a, b: a.sum(1)),
 ]
+
+
+# views alone (no device work: the tensor's new geometry over its base's storage), each against
+# the same view of a CPU tensor; (name, shape, view)
+VIEWS = [
+    ("a[3]", (16, 16), lambda a: a[3]),
+    ("a.t()", (16, 16), lambda a: a.t()),
+    ("a[:5, :12]", (64, 96), lambda a: a[:5, :12]),
+    ("a.view(-1)", (16, 16), lambda a: a.view(-1)),
+    ("a.diagonal()", (16, 16), lambda a: a.diagonal()),
+    ("a.split(4)", (16, 16), lambda a: a.split(4)),
+    ("a.unsqueeze(0).expand(2, -1, -1)", (16, 16), lambda a: a.unsqueeze(0).expand(2, -1, -1)),
+]
+
+
+def _views(iters: int, repeats: int) -> list[tuple[str, float, float]]:
+    """(view, torch cpu us, tpu us) per VIEWS case, the two taking turns repeat by repeat."""
+    rows = []
+    for name, shape, fn in VIEWS:
+        c = torch.randn(shape)
+        t = c.to("tpu")
+        cpu = tpu = float("inf")
+        for _ in range(repeats):
+            cpu = min(cpu, _per_op(lambda x, y: fn(x), c, None, iters, 1, _cpu_sync))
+            tpu = min(tpu, _per_op(lambda x, y: fn(x), t, None, iters, 1, _cpu_sync))
+        rows.append((name, cpu, tpu))
+    return rows
 
 
 def _floor(jfn, x, y, iters: int, repeats: int) -> float:
@@ -275,6 +303,13 @@ def main(argv=None) -> int:
               f"{comp:>9}{fb:>10}")
     print("via jit: the same strict hits calling the op's jitted function instead of its executable "
           "(runtime/direct.py); '-': no hit planned with one")
+    print()
+    print(f"views alone (us, best of {args.repeats} x {args.iters}; metadata only: the baseline is torch cpu's view)")
+    hdr = f"{'view':<34}{'torch cpu':>10}{'tpu':>8}{'x cpu':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    for name, cpu, tpu in _views(args.iters, args.repeats):
+        print(f"{name:<34}{cpu:>10.2f}{tpu:>8.2f}{tpu / cpu:>7.1f}")
     if args.no_train:
         return 0
     print()
