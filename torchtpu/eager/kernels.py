@@ -232,16 +232,9 @@ def register_kernels() -> None:
         SERVED.setdefault(name, None)
 
 
-# detach/alias stay on the boxed fallback (a kernel registered for detach breaks
-# nn.Parameter's _make_subclass), with the same stride-arithmetic fast path.
-_FAST_BOXED = {torch.ops.aten.detach.default: view_kernels.alias_view,
-               torch.ops.aten.alias.default: view_kernels.alias_view}
-
-
+# (detach and alias have no kernel of ours: PyTorch's composite makes the alias, device-agnostic;
+# a kernel registered for detach breaks nn.Parameter's _make_subclass)
 def _boxed_fallback(op, *args, **kwargs):
-    fast = _FAST_BOXED.get(op)
-    if fast is not None and not kwargs and len(args) == 1:
-        return fast(*args)
     if fallback.is_view_op(op):
         return fallback.meta_view(op, args, kwargs)
     if fallback.is_inplace_view_op(op):

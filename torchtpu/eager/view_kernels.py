@@ -56,10 +56,6 @@ def _wrap_dim(dim, ndim):
         return None
 
 
-def _v_alias(self):
-    return _alias(self, self.shape, self.stride())
-
-
 def _v_t(self):
     n = self.dim()
     if n < 2:
@@ -232,9 +228,6 @@ def _inplace_view_kernel(op):
         return fallback.meta_inplace_view(op, args, kwargs)
 
     return kernel
-
-
-alias_view = _v_alias  # detach/alias's fast path (they stay on the boxed fallback: eager/kernels.py)
 
 
 # The views served in C++ (csrc/views.h: the same arithmetic, without PythonKernelHolder and a
