@@ -71,6 +71,9 @@ at::Tensor view_of(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArray
 at::Tensor view_geometry(int kind, c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return at::Tensor();
   const at::Tensor& self = args[0].toTensor();
+  // (sizes() would throw for symbolic sizes; a tracer's tensor takes the Python kernel)
+  if (!self.defined() || !self.has_storage() || self.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return at::Tensor();
   const int64_t n = self.dim();
   c10::SmallVector<int64_t, 6> sh(self.sizes().begin(), self.sizes().end());
   c10::SmallVector<int64_t, 6> st(self.strides().begin(), self.strides().end());
