@@ -74,6 +74,42 @@ at::Tensor view_geometry(int kind, c10::ArrayRef<c10::IValue> args) {
   // (sizes() would throw for symbolic sizes; a tracer's tensor takes the Python kernel)
   if (!self.defined() || !self.has_storage() || self.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
     return at::Tensor();
+  if (kind == kView || kind == kReshapeAlias) {  // Meta's kernel, device-agnostic, over self's storage
+    if (!args[1].isIntList() || (kind == kReshapeAlias && !args[2].isIntList())) return at::Tensor();
+    try {
+      if (kind == kView)
+        return at::_ops::view::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self,
+                                          c10::fromIntArrayRefSlow(args[1].toIntVector()));
+      return at::_ops::_reshape_alias::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self,
+                                                  c10::fromIntArrayRefSlow(args[1].toIntVector()),
+                                                  c10::fromIntArrayRefSlow(args[2].toIntVector()));
+    } catch (const c10::Error&) {
+      return at::Tensor();
+    }
+  }
+  if (kind == kAsStrided) {  // as_strided(self, size, stride, storage_offset=None)
+    if (!args[1].isIntList() || !args[2].isIntList()) return at::Tensor();
+    const auto size = args[1].toIntVector(), stride = args[2].toIntVector();
+    int64_t off = self.storage_offset();
+    if (size.size() != stride.size()) return at::Tensor();
+    if (!args[3].isNone() && !view_int(args[3], off)) return at::Tensor();
+    if (off < 0) return at::Tensor();
+    // PyTorch's setStorage bound, against the bytes the table holds: a program reads a view
+    // at a runtime offset, which XLA clamps into the buffer, so no view may reach past it
+    bool empty = false;
+    int64_t last = off;
+    for (size_t i = 0; i < size.size(); ++i) {
+      if (size[i] < 0 || stride[i] < 0) return at::Tensor();
+      if (size[i] == 0) empty = true;
+      else last += (size[i] - 1) * stride[i];
+    }
+    if (!empty) {
+      const long long have = table_nbytes(self);
+      if (have < 0 || (last + 1) * static_cast<long long>(self.dtype().itemsize()) > have) return at::Tensor();
+    }
+    return view_of(self, size, stride, off);
+  }
+  // the geometry views: the base's sizes and strides, changed
   const int64_t n = self.dim();
   c10::SmallVector<int64_t, 6> sh(self.sizes().begin(), self.sizes().end());
   c10::SmallVector<int64_t, 6> st(self.strides().begin(), self.strides().end());
@@ -190,48 +226,6 @@ at::Tensor view_geometry(int kind, c10::ArrayRef<c10::IValue> args) {
       }
       sh = std::move(osh);
       st = std::move(ost);
-      break;
-    }
-    case kView: {  // view(self, size): Meta's kernel, device-agnostic, over self's own storage
-      if (!args[1].isIntList()) return at::Tensor();
-      try {
-        return at::_ops::view::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self,
-                                          c10::fromIntArrayRefSlow(args[1].toIntVector()));
-      } catch (const c10::Error&) {
-        return at::Tensor();
-      }
-    }
-    case kReshapeAlias: {  // _reshape_alias(self, size, stride): likewise
-      if (!args[1].isIntList() || !args[2].isIntList()) return at::Tensor();
-      try {
-        return at::_ops::_reshape_alias::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self,
-                                                    c10::fromIntArrayRefSlow(args[1].toIntVector()),
-                                                    c10::fromIntArrayRefSlow(args[2].toIntVector()));
-      } catch (const c10::Error&) {
-        return at::Tensor();
-      }
-    }
-    case kAsStrided: {  // as_strided(self, size, stride, storage_offset=None)
-      if (!args[1].isIntList() || !args[2].isIntList()) return at::Tensor();
-      auto size = args[1].toIntVector(), stride = args[2].toIntVector();
-      if (size.size() != stride.size()) return at::Tensor();
-      if (!args[3].isNone() && !view_int(args[3], off)) return at::Tensor();
-      if (off < 0) return at::Tensor();
-      // PyTorch's setStorage bound, against the bytes the table holds: a program reads a view
-      // at a runtime offset, which XLA clamps into the buffer, so no view may reach past it
-      bool empty = false;
-      int64_t last = off;
-      for (size_t i = 0; i < size.size(); ++i) {
-        if (size[i] < 0 || stride[i] < 0) return at::Tensor();
-        if (size[i] == 0) empty = true;
-        else last += (size[i] - 1) * stride[i];
-      }
-      if (!empty) {
-        const long long have = table_nbytes(self);
-        if (have < 0 || (last + 1) * static_cast<long long>(self.dtype().itemsize()) > have) return at::Tensor();
-      }
-      sh.assign(size.begin(), size.end());
-      st.assign(stride.begin(), stride.end());
       break;
     }
     default:

@@ -1,7 +1,8 @@
 """View kernels for the tpu dispatch key: a view is an alias of its base's storage with new
 geometry (runtime/tensors.alias), computed on meta stand-ins (eager/fallback.meta_view) or,
 for the common views, by stride arithmetic (the fast paths below). eager/kernels.py
-registers them."""
+registers them; where the C++ extension is built, the common views (NATIVE_KINDS) are C++
+kernels (csrc/views.h) and these Python ones serve only the calls those hand back."""
 from __future__ import annotations
 
 import torch
