@@ -215,6 +215,35 @@ def test_fractional_max_pool3d():
     check(lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (3, 2, 1), (2, 3, 7), s), x[0], s[:1], grad=(0,))
 
 
+def test_fractional_max_pool_reads_the_first_rows_of_samples():
+    # CPU reads samples[:N] (row 0 for an unbatched input): nn.FractionalMaxPool3d's
+    # ModuleInfo passes samples of batch 2 with a 4-d input
+    x, s = torch.randn(2, 4, 5, 5, 5), torch.rand(3, 4, 3)
+    check(lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (2, 2, 2), (3, 3, 3), s), x[0], s, grad=(0,))
+    check(lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (2, 2, 2), (3, 3, 3), s), x, s, grad=(0,))
+    check(lambda x, s: torch.ops.aten.fractional_max_pool2d(x, (2, 2), (3, 3), s), x[0, :, 0], s[:, :, :2], grad=(0,))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(4))
+def test_fractional_max_pool_intervals_round_in_the_input_dtype(dtype, seed):
+    # CPU computes the window starts in the input's dtype: (i + sample) * alpha rounded to
+    # bfloat16 picks another window than the float computation for some samples. (The
+    # backward is left out: CPU adds overlapping windows' gradients one at a time in the
+    # narrow dtype, ours once in float, half an ulp apart at the rare element two windows pick.)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, 11, 11, generator=g).to(dtype)
+    s = torch.rand(2, 4, 2, generator=g).to(dtype)
+    check(lambda x, s: torch.ops.aten.fractional_max_pool2d(x, (2, 2), (7, 7), s), x, s, atol=0, rtol=0)
+
+
+def test_fractional_max_pool_sample_errors():
+    x = torch.randn(2, 4, 5, 5, 5)
+    for s in (torch.rand(1, 4, 3), torch.rand(2, 5, 3)):
+        with pytest.raises(RuntimeError, match="Expect _random_samples"):
+            torch.ops.aten.fractional_max_pool3d(_tpu(x), (2, 2, 2), (3, 3, 3), _tpu(s))
+
+
 def test_fractional_max_pool_module_random():
     x = _tpu(torch.randn(1, 2, 8, 8))
     y = F.fractional_max_pool2d(x, 2, output_size=4)

@@ -737,29 +737,42 @@ def _segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=N
 # --- fractional max pooling ----------------------------------------------------------------
 
 
-def _frac_starts(sample, in_size, out_size, pool):
-    """PyTorch's generate_intervals: window starts (..., out_size) from samples (...)."""
+def _frac_starts(sample, in_size, out_size, pool, rnd):
+    """PyTorch's generate_intervals: window starts (..., out_size) from samples (...). CPU
+    computes in the input's dtype, so a bfloat16 or half sum and product round each time
+    (`rnd`); the sample arrives widened."""
     if out_size == 1:
         return jnp.full(sample.shape + (1,), in_size - pool, jnp.int32)
-    alpha = jnp.asarray((in_size - pool) / (out_size - 1), sample.dtype)
+    alpha = rnd(jnp.asarray(in_size - pool, sample.dtype) / jnp.asarray(out_size - 1, sample.dtype))
     i = jnp.arange(out_size - 1, dtype=sample.dtype)
     s = sample[..., None]
-    starts = jnp.trunc((i + s) * alpha).astype(jnp.int32) - jnp.trunc(s * alpha).astype(jnp.int32)
+    starts = (jnp.trunc(rnd(rnd(i + s) * alpha)).astype(jnp.int32)
+              - jnp.trunc(rnd(s * alpha)).astype(jnp.int32))
     last = jnp.full(sample.shape + (1,), in_size - pool, jnp.int32)
     return jnp.concatenate([starts, last], axis=-1)
+
+
+def _rounder(dtype):
+    """Rounds a widened value to `dtype`'s precision, for arithmetic CPU does in a narrow
+    float dtype (an explicit reduce_precision: XLA may drop a convert pair)."""
+    info = {jnp.dtype(jnp.bfloat16): (8, 7), jnp.dtype(jnp.float16): (5, 10)}.get(jnp.dtype(dtype))
+    if info is None:
+        return lambda v: v
+    return lambda v: jax.lax.reduce_precision(v, exponent_bits=info[0], mantissa_bits=info[1])
 
 
 def _fractional_max_pool(self, kernel_size, output_size, random_samples, nsp):
     batched = self.ndim == nsp + 2
     x = self if batched else self[None]
-    rs = random_samples
     n, c = x.shape[:2]
+    rs = random_samples[:n]  # CPU reads the first N rows of samples (N = 1 for an unbatched input)
     sizes = x.shape[2:]
     samples = _up(rs).astype(_opmath(x.dtype))
     # 2-d: samples[..., 0] drives W and [..., 1] H; 3-d: [..., 0] T, [..., 1] H, [..., 2] W
     order = [1, 0] if nsp == 2 else [0, 1, 2]
+    rnd = _rounder(x.dtype)
     starts = [
-        _frac_starts(samples[..., order[d]], sizes[d], int(output_size[d]), int(kernel_size[d]))
+        _frac_starts(samples[..., order[d]], sizes[d], int(output_size[d]), int(kernel_size[d]), rnd)
         for d in range(nsp)
     ]
     # full index per spatial dim: (N, C, out_d, k_d)
