@@ -95,3 +95,27 @@ def test_data_assignment_between_cpu_and_tpu():
     # as on CPU: a tensor that requires grad cannot take integer data
     with pytest.raises(RuntimeError, match="floating point or complex"):
         p.data = torch.arange(3, device="tpu")
+
+
+@pytest.mark.parametrize("mode", EAGER_MODES)
+@pytest.mark.parametrize("cls,args,shape", [
+    (nn.LazyLinear, (3,), (2, 5)),
+    (nn.LazyConv2d, (4, 3), (2, 3, 8, 8)),
+    (nn.LazyBatchNorm1d, (), (4, 6)),
+])
+def test_lazy_module_moved_before_its_first_forward(mode, cls, args, shape):
+    # CUDA's documented order: build a lazy module, move it, let the first forward size it.
+    # The move copies an UninitializedParameter, whose `shape` raises until then.
+    m = cls(*args)
+    with torchtpu.eager_mode(mode):
+        m.to("tpu")
+        assert isinstance(m.weight, nn.UninitializedParameter) and m.weight.device.type == "tpu"
+        x = torch.randn(shape)
+        y = m(x.to("tpu"))
+        assert type(m.weight) is nn.Parameter and m.weight.device.type == "tpu"
+        ref = cls(*args)
+        ref(x)  # sizes it on CPU; then the tpu module's values, to compare the computation
+        ref.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+        if isinstance(ref, nn.modules.batchnorm._BatchNorm):  # its running stats moved once already
+            ref.running_mean.zero_(), ref.running_var.fill_(1), ref.num_batches_tracked.zero_()
+        assert_same(y, ref(x), atol=1e-5, rtol=1e-5)

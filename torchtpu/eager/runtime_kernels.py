@@ -100,7 +100,23 @@ def _copy_lowering():
 _COPY = torch.ops.aten.copy_.default
 
 
+def _plain(t):
+    """t itself, or, for a subclass whose __torch_function__ or properties guard its data
+    (nn.UninitializedParameter's `shape` raises until a lazy module's first forward), a plain
+    alias of its storage: a copy reads the bytes, as CPU's and CUDA's C++ copy does, without
+    asking the subclass."""
+    cls = type(t)
+    if cls is torch.Tensor or cls.__torch_function__ is _NO_TORCH_FUNCTION:
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
+_NO_TORCH_FUNCTION = torch._C._disabled_torch_function_impl
+
+
 def copy_(self, src, non_blocking=False):
+    src = _plain(src)
     sdev, ddev = src.device.type, self.device.type
     if ddev == "tpu" and placement.spread():
         with placement.on(self.device.index):
