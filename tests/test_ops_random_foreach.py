@@ -610,3 +610,45 @@ def test_normal_negative_std_tensor_raises_at_the_call(mode):
                 with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
                     call()
         assert torch.normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")).shape == (3,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kw", [dict(lr=0.1), dict(lr=0.05, lr_decay=0.1, weight_decay=0.2),
+                                dict(lr="tensor", maximize=True, eps=1e-3, initial_accumulator_value=0.3)],
+                         ids=["plain", "decay", "tensor_lr_maximize"])
+def test_fused_adagrad(dtype, kw):
+    # Adagrad(fused=True) is one tpu program (it ran on the CPU, copying every list in and out)
+    res = {}
+    torchtpu.reset_metrics()
+    for dev in ("cpu", "tpu"):
+        g = torch.Generator().manual_seed(0)
+        ps = [torch.randn(37, 5, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)]
+        ps = [p.to(dev).requires_grad_() for p in ps]
+        k = dict(kw, lr=torch.tensor(0.07)) if kw["lr"] == "tensor" else kw
+        opt = torch.optim.Adagrad(ps, fused=True, **k)
+        for _ in range(4):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=g).to(dtype).to(dev)
+            opt.step()
+        res[dev] = [p.detach() for p in ps] + [opt.state[p]["sum"] for p in ps]
+    # bfloat16: CPU's vectorized body rounds lr, eps and the weight decay to bfloat16 and its
+    # scalar tail does not; ours rounds everywhere, an ulp apart on the tail's elements
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}
+    assert_same(res["tpu"], res["cpu"], **tol)
+    assert not [k for k in torchtpu.metrics()["fallback_ops"] if k.startswith("_fused")]
+
+
+@pytest.mark.parametrize("inf", [0.0, 1.0])
+def test_fused_adagrad_grad_scale_found_inf(own_ops_native, inf):
+    gen = torch.Generator().manual_seed(0)
+    lists = [[torch.randn(6, 3, generator=gen)], [torch.randn(6, 3, generator=gen)],
+             [torch.rand(6, 3, generator=gen)], [torch.tensor(2.0)]]
+
+    def run(dev):
+        ts = [[t.clone().to(dev) for t in lst] for lst in lists]
+        torch._fused_adagrad_(ts[0], ts[1], ts[2], ts[3], lr=0.1, lr_decay=0.01, weight_decay=0.1, eps=1e-10,
+                              maximize=False, grad_scale=torch.tensor(4.0, device=dev),
+                              found_inf=torch.tensor(inf, device=dev))
+        return ts[:3]
+
+    assert_same(run("tpu"), run("cpu"))

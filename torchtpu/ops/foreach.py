@@ -480,7 +480,7 @@ def foreach_mm(self, mat2):
 
 
 # --- fused optimizers (optimizer(..., fused=True)) ----------------------------------
-# _fused_adam_ / _fused_adamw_ / _fused_sgd_ mutate several lists (params, grads,
+# _fused_adam_ / _fused_adamw_ / _fused_sgd_ / _fused_adagrad_ mutate several lists (params, grads,
 # states). The executor writes back one mutated argument, so their kernels
 # (eager/composites/foreach.py) pass every mutated list as ONE list and the lowering
 # splits it again: the whole update is one executable. Hyperparameters that schedulers
@@ -592,4 +592,36 @@ def _sgd_math(self, grad_scale, found_inf, lr_t, lr, momentum, dampening, *,
 FUSED_SGD = _fused_lowering(
     "_fused_sgd_", _sgd_math, ("grad_scale", "found_inf", "lr_t"), ("lr", "momentum", "dampening"),
     ("n", "weight_decay", "has_momentum", "nesterov", "maximize", "is_first_step"),
+)
+
+
+def _adagrad_math(self, state_steps, grad_scale, found_inf, lr_t, lr, eps, *,
+                  n, lr_decay, weight_decay, maximize):
+    params, grads, sums = self[:n], self[n:2 * n], self[2 * n:3 * n]
+    grads = _unscale(grads, grad_scale)
+    lr = lr_t.reshape(()).astype(jnp.float64) if lr_t is not None else jnp.asarray(lr, jnp.float64)
+    new_p, new_s = [], []
+    for i in range(n):
+        p, g = params[i], grads[i]
+        odt = _opmath(p.dtype)
+        # CPU's kernel: clr in double from the step read as a float; its constants pass through
+        # the parameter's dtype (bfloat16's weight decay, eps and clr are rounded to bfloat16)
+        step = state_steps[i].reshape(()).astype(jnp.float32).astype(jnp.float64)
+        clr = lr / (1.0 + (step - 1.0) * lr_decay)
+        const = lambda v: jnp.asarray(v).astype(p.dtype).astype(odt)  # noqa: E731
+        pf, gf = p.astype(odt), g.astype(odt)
+        if maximize:
+            gf = -gf
+        if weight_decay != 0:
+            gf = gf + pf * const(weight_decay)
+        ss = sums[i].astype(odt) + gf * gf
+        pf = pf - const(clr) * gf / (jnp.sqrt(ss) + const(eps))
+        new_p.append(pf.astype(p.dtype))
+        new_s.append(ss.astype(sums[i].dtype))
+    return _skip_if_inf(found_inf, new_p + grads + new_s, list(self))
+
+
+FUSED_ADAGRAD = _fused_lowering(
+    "_fused_adagrad_", _adagrad_math, ("state_steps", "grad_scale", "found_inf", "lr_t"), ("lr", "eps"),
+    ("n", "lr_decay", "weight_decay", "maximize"),
 )

@@ -1,12 +1,12 @@
 """_foreach_* and fused-optimizer kernels on torch tensors around the lowerings of
-ops/foreach.py: a CPU `scalars` tensor moved to the device, and the fused Adam/AdamW/SGD
-steps, whose mutated lists travel to their lowering as ONE list (the executor writes back
-one mutated argument)."""
+ops/foreach.py: a CPU `scalars` tensor moved to the device, and the fused Adam/AdamW/SGD/Adagrad
+steps, whose mutated lists travel to their lowering as ONE list (the executor writes back one
+mutated argument)."""
 from __future__ import annotations
 
 import torch
 
-from ...ops.foreach import FUSED_ADAM, FUSED_ADAMW, FUSED_SGD
+from ...ops.foreach import FUSED_ADAGRAD, FUSED_ADAM, FUSED_ADAMW, FUSED_SGD
 from ...ops.registry import LOWERINGS, kernel, variants_of
 from ..executor import execute
 
@@ -83,5 +83,22 @@ def fused_sgd_(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr,
         dampening=float(dampening), n=n, weight_decay=float(weight_decay),
         has_momentum=bool(has_momentum), nesterov=bool(nesterov), maximize=bool(maximize),
         is_first_step=bool(is_first_step),
+    ))
+    return None
+
+
+@kernel("_fused_adagrad_", "_fused_adagrad_.tensor_lr")
+def fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
+                   grad_scale=None, found_inf=None):
+    n = len(self)
+    if not n:
+        return None
+    if any(len(x) != n for x in (grads, state_sums, state_steps)):
+        raise RuntimeError("_fused_adagrad_: all tensor lists must have the same length")
+    lr_t = lr if isinstance(lr, torch.Tensor) else None
+    execute(FUSED_ADAGRAD, (list(self) + list(grads) + list(state_sums), list(state_steps), grad_scale,
+                            found_inf, lr_t), dict(
+        lr=0.0 if lr_t is not None else float(lr), eps=float(eps), n=n, lr_decay=float(lr_decay),
+        weight_decay=float(weight_decay), maximize=bool(maximize),
     ))
     return None
