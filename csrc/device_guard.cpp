@@ -48,7 +48,11 @@ c10::DeviceIndex current_index() { return thread_index >= 0 ? thread_index : def
 
 struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static c10::Device current() { return c10::Device(kType, current_index()); }
-  static c10::Stream stream(c10::Device d) { return c10::Stream(c10::Stream::DEFAULT, d); }
+  // a device without an index (torch.Stream(device="tpu")) means the current one, as CUDA's
+  // stream getters read it
+  static c10::Stream stream(c10::Device d) {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, d.index() >= 0 ? d.index() : current_index()));
+  }
   static void set(c10::Device d) {
     if (d.index() >= 0) thread_index = d.index();
   }

@@ -129,6 +129,17 @@ def test_stream_api_shape():
     assert_same(x, torch.full((3,), 2.0))
 
 
+def test_generic_stream_without_an_index_is_on_the_current_device():
+    # torch.Stream(device="cuda") is on the current device (index 0), not index -1
+    for s in (torch.Stream(device="tpu"), torch.accelerator.current_stream()):
+        assert s.device_index == 0
+        assert s.device == torch.device("tpu", 0)
+    with torch.Stream(device="tpu") as s:
+        assert torch.accelerator.current_stream().device_index == 0
+        assert_same(torch.ones(2, device="tpu") + 1, torch.full((2,), 2.0))
+    s.synchronize()
+
+
 def test_memory_api(mode):
     torch.tpu.synchronize()
     base = torch.tpu.memory_allocated()
