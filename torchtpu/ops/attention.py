@@ -77,7 +77,9 @@ def sdpa_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask
     p = jnp.where(seen, e / safe, 0).astype(scores.dtype)
     lse = jnp.where(seen, jnp.log(safe) + m, -jnp.inf)[..., 0]
     out = jnp.einsum("...ls,...se->...le", p, value.astype(p.dtype))
-    return out.astype(query.dtype), lse.astype(jnp.float32)
+    # log-sum-exp in the opmath dtype, as CPU's kernel returns it (float64 for double: the
+    # backward rebuilds the probabilities from it)
+    return out.astype(query.dtype), lse.astype(_opmath(query.dtype))
 
 
 @lower("_scaled_dot_product_flash_attention_for_cpu_backward")
