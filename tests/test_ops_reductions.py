@@ -398,6 +398,18 @@ def test_cross_entropy(kw):
     check(f, torch.randn(2, 5, 3, 2), torch.randint(0, 5, (2, 3, 2)), *ow, grad=(0,))
 
 
+@pytest.mark.usefixtures("own_ops_native")
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_nll_loss_gradient_of_targets_all_ignored(reduction):
+    # the mean divides by a total weight of 0 (a NaN loss on CPU too), but CPU's backward never
+    # writes an ignored row: its gradient is 0, not NaN (nn.CrossEntropyLoss's ModuleInfo input)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    check(lambda a, b: F.cross_entropy(a, b, ignore_index=1, reduction=reduction), x, torch.tensor([1, 1]),
+          grad=(0,), equal_nan=True)
+    check(lambda a, b: F.nll_loss(a, b, ignore_index=0, reduction=reduction), torch.randn(2, 4, 3, 3),
+          torch.zeros(2, 3, 3, dtype=torch.int64), grad=(0,), equal_nan=True)
+
+
 @pytest.mark.usefixtures("no_fallback")
 def test_cross_entropy_no_fallback_at_all():
     """Plain cross_entropy needs nothing but this family's ops, forward and backward."""

@@ -131,7 +131,9 @@ def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, to
         scale = g / total_weight.astype(acc)
     else:
         scale = g
-    per = -wt * scale  # shape of t
+    # CPU writes only the rows it does not ignore: an ignored row stays 0 even where the
+    # scale is not finite (a mean over targets that are all ignored divides by a total of 0)
+    per = jnp.where(valid, -wt * scale, jnp.zeros((), acc))  # shape of t
     classes = jax.lax.broadcasted_iota(jnp.int64, x.shape, 1)
     hot = classes == jnp.expand_dims(tc, 1)
     grad = jnp.where(hot, jnp.expand_dims(per, 1), jnp.zeros((), acc))
