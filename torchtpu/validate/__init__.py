@@ -2,7 +2,8 @@
 `hf` (Hugging Face model sweep), `layers` (the import contract between packages), `titan` (TorchTitan's
 training entry point on tpu and its CPU oracle), `pytorch_tests` (PyTorch's own device-generic test files
 on tpu vs CPU), `transformers_tests` (Transformers' own model and generate tests on tpu vs CPU),
-`modules` (PyTorch's ModuleInfo inputs, those of its test_modules.py, on tpu vs CPU)."""
+`modules` and `optims` (PyTorch's ModuleInfo and OptimizerInfo inputs, those of its test_modules.py
+and test_optim.py, on tpu vs CPU)."""
 from __future__ import annotations
 
 import importlib
@@ -15,6 +16,7 @@ VALIDATORS: dict[str, str] = {
     "pytorch_tests": "torchtpu.validate.pytorch_tests:main",
     "transformers_tests": "torchtpu.validate.transformers_tests:main",
     "modules": "torchtpu.validate.modules:main",
+    "optims": "torchtpu.validate.optims:main",
 }
 
 
