@@ -85,6 +85,18 @@ def test_bmm_baddbmm_addbmm(no_fallback):
         torch.bmm(r(2, 3, 4).to("tpu"), r(2, 5, 5).to("tpu"))
 
 
+def test_trilinear_and_bilinear(no_fallback):
+    # nn.Bilinear's op: PyTorch's composite in eager, one op in a compiled graph (it fell back
+    # to the CPU there); its gradients are _trilinear again
+    tri = torch.ops.aten._trilinear
+    check(lambda a, b, c: tri(a, b, c, [1, 3], [0], [1, 2], [2, 3]), r(2, 3), r(5, 3, 4), r(2, 4))
+    check(lambda a, b, c: tri(a, b, c, [0, 2], [], [0, 1], [1, 2]), r(3), r(5, 3, 4), r(4))
+    check(lambda a, b, c: tri(a, b, c, [1, 3], [0], [1, 2], [2, 3]), r(2, 3, dtype=torch.float64),
+          r(5, 3, 4, dtype=torch.float64), r(2, 4, dtype=torch.float64))
+    check(F.bilinear, r(6, 3), r(6, 4), r(5, 3, 4), r(5), grad=True)
+    check(F.bilinear, r(3), r(4), r(5, 3, 4), None, grad=True)
+
+
 def test_mv_addmv_dot_vdot_addr(no_fallback):
     check(torch.mv, r(3, 4), r(4))
     check(torch.mv, r(4, 3).t(), r(8)[::2])

@@ -165,6 +165,25 @@ def bmm(self, mat2):
     return _matmul(self, mat2).astype(self.dtype)
 
 
+@lower("_trilinear")
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """nn.Bilinear's op (eager runs it as PyTorch's composite; a compiled graph holds it): each
+    input unsqueezed at its expand dims, the three multiplied, summed over sumdim."""
+    total = i1.ndim + len(expand1)
+    if not 0 <= unroll_dim < total:
+        raise RuntimeError(f"unroll_dim must be in [0,{total - 1}]")
+    acc = _acc(i1.dtype)
+
+    def grown(t, dims):
+        for d in sorted(int(d) % total for d in dims):
+            t = jnp.expand_dims(t, d)
+        return t.astype(acc)
+
+    prod = grown(i1, expand1) * grown(i2, expand2) * grown(i3, expand3)
+    dims = sorted({int(d) % total for d in sumdim})
+    return (jnp.sum(prod, axis=tuple(dims)) if dims else prod).astype(i1.dtype)
+
+
 @lower("baddbmm")
 def baddbmm(self, batch1, batch2, beta=1, alpha=1):
     _bmm_checks(batch1, batch2)

@@ -64,7 +64,9 @@ def _run(module, args, kwargs, dev, *, compiled=False):
     """Forward and backward on `dev`: (outputs, input and parameter grads, state dict), all on CPU."""
     a, k = _on(dev, args), _on(dev, kwargs)
     torch.manual_seed(1)
-    fn = torch.compile(module, backend="tpu") if compiled else module
+    if compiled:  # a fresh Dynamo cache per case: past its recompile limit it would run eager
+        torch._dynamo.reset()
+    fn = torch.compile(module, backend="tpu", fullgraph=False) if compiled else module
     out = fn(*a, **k)
     flat = _tensors(out)
     diff = [o for o in flat if o.requires_grad and (o.is_floating_point() or o.is_complex())]
@@ -338,7 +340,11 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="at most N inputs per module, dtype and flag")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
+    ap.add_argument("--merge", nargs="*", default=None, metavar="JSON",
+                    help="run nothing: write --json/--markdown from these runs' JSON (one per mode, say)")
     args = ap.parse_args(argv)
+    if args.merge:
+        return _merge(args)
 
     import torchtpu  # noqa: F401 -- registers the device
 
@@ -370,6 +376,23 @@ def main(argv=None) -> int:
     for k, r in sorted(results.items()):
         if r["state"] in ("mismatch", "error"):
             print(f"  FAIL {k}: {r.get('detail', '')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(results, meta))
+    return 0
+
+
+def _merge(args) -> int:
+    results, metas = {}, []
+    for p in args.merge:
+        run = json.loads(Path(p).read_text())
+        results.update(run["results"])
+        metas.append(run["meta"])
+    meta = {"when": ", ".join(sorted({m["when"] for m in metas})),
+            "dtypes": sorted({d for m in metas for d in m["dtypes"]}),
+            "modes": [m for m in MODES if any(m in x["modes"] for x in metas)], "limit": 0,
+            "torch": metas[0].get("torch")}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     if args.markdown:
