@@ -226,6 +226,30 @@ def test_untyped_storage_methods(mode):
     assert moved.device.type == "tpu" and moved.nbytes() == 8
 
 
+def test_untyped_storage_items(mode):
+    # storage[i], storage[i] = v, storage[a:b] = v, fill_, len(), tolist() and printing, as on
+    # CPU and CUDA (they read a byte count of 0 or failed on the device buffer)
+    def run(device):
+        x = torch.arange(4.0, device=device) * 3
+        st = x.untyped_storage()
+        out = [len(st), st[0], st[7], st[-1], st.tolist()]
+        st[0] = 5
+        st[1:3] = 7
+        out.append(x.cpu().view(torch.uint8).tolist())
+        with pytest.raises(IndexError) as err:
+            st[16]
+        out.append(str(err.value))
+        fresh = torch.UntypedStorage(6, device=device)
+        out.append(fresh.fill_(3).tolist())
+        out.append(str(torch.UntypedStorage([1, 2, 3], device=device)).splitlines()[:3])
+        out.append(list(torch.UntypedStorage([4, 5], device=device)))
+        return out
+
+    assert run("tpu") == run("cpu")
+    with pytest.raises(NotImplementedError, match="slice of a tpu storage"):
+        torch.arange(4.0, device="tpu").untyped_storage()[2:6]
+
+
 def test_safetensors_roundtrip(mode, tmp_path):
     safetensors_torch = pytest.importorskip("safetensors.torch")
     results = {}

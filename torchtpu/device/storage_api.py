@@ -19,6 +19,10 @@ storages (and leaving other devices untouched) makes every caller work:
 - `data_ptr()` of storages and tensors: the storage's device address
   (runtime/storage.address), plus the view's offset for a tensor, so sharing is
   detected from pointers as on CUDA. C++ code never sees these addresses.
+- `storage[i]` reads one byte (its element only); `storage[i] = v`, `storage[a:b] = v` and
+  `fill_` run on the CPU copy and write it back (CPU's checks); `len()` and `tolist()` see
+  the device buffer's bytes. A slice `storage[a:b]` raises: CUDA's shares the buffer, which
+  a tpu storage cannot.
 - `resize_`: resize_(0) drops the device buffer (reads see zeros until written again,
   the memory is released), resize_(n) grows it (FSDP2's reshard and reset_sharded_param).
 """
@@ -219,11 +223,65 @@ def _storage_resize(orig):
     return resize_
 
 
+def _storage_getitem(orig):
+    def __getitem__(self, idx):
+        if self.device.type != "tpu" or isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
+            if self.device.type == "tpu" and isinstance(idx, slice):
+                raise NotImplementedError(
+                    "a slice of a tpu storage: it cannot share the device buffer as a CUDA storage's slice "
+                    "does (read storage.cpu()[a:b], or take a view of a tensor over the storage)")
+            return orig(self, idx)
+        n = self.nbytes()
+        i = int(idx) + n if idx < 0 else int(idx)
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for storage of size {n}")
+        from ..runtime import transfer
+
+        return transfer.storage_byte(_entry(self), i)
+
+    __getitem__._torchtpu = True
+    return __getitem__
+
+
+def _through_host(orig, what):
+    """A tpu storage's `what` (item assignment, fill_) run on its CPU copy, written back: CPU's
+    checks and errors, the device buffer updated."""
+    def run(self, *args):
+        if self.device.type != "tpu":
+            return orig(self, *args)
+        host = self.cpu()
+        orig(host, *args)
+        self.copy_(host)
+        return self if what == "fill_" else None
+
+    run._torchtpu = True
+    return run
+
+
+def _storage_len(orig):
+    def __len__(self):
+        return self.nbytes() if self.device.type == "tpu" else orig(self)
+
+    __len__._torchtpu = True
+    return __len__
+
+
+def _storage_tolist(orig):
+    def tolist(self):
+        return self.cpu().tolist() if self.device.type == "tpu" else orig(self)
+
+    tolist._torchtpu = True
+    return tolist
+
+
 def install() -> None:
     cls = torch.UntypedStorage
     for name, wrap in (("data_ptr", _storage_data_ptr), ("nbytes", _storage_nbytes), ("resize_", _storage_resize),
                        ("copy_", _storage_copy), ("_write_file", _storage_write_file),
-                       ("_set_from_file", _storage_set_from_file)):
+                       ("_set_from_file", _storage_set_from_file), ("__getitem__", _storage_getitem),
+                       ("__setitem__", lambda f: _through_host(f, "__setitem__")),
+                       ("fill_", lambda f: _through_host(f, "fill_")), ("__len__", _storage_len),
+                       ("tolist", _storage_tolist)):
         if not getattr(getattr(cls, name), "_torchtpu", False):
             setattr(cls, name, wrap(getattr(cls, name)))
     if not getattr(cls.__new__, "_torchtpu", False):

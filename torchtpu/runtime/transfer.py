@@ -125,6 +125,21 @@ def storage_to_host(entry: storage.Entry) -> np.ndarray:
     return a.view(np.uint8)
 
 
+def storage_byte(entry: storage.Entry, i: int) -> int:
+    """Byte i of a storage (storage[i]): reads only the element holding it. Bytes past the
+    buffer (a byte count grown by views set past its end) read as zeros, as in _fit."""
+    sync_debug.host_sync()
+    if _copies:
+        wait_host_copies()
+    k, r = divmod(i, entry.dtype.itemsize)
+    if k >= entry.numel:
+        return 0
+    a = np.asarray(buffer(entry)[k:k + 1])
+    metrics.bump("transfers_to_host")
+    metrics.bump("bytes_to_host", a.nbytes)
+    return int(a.view(np.uint8)[r])
+
+
 def bytes_to_device(data: np.ndarray, dtype) -> jax.Array:
     """Host bytes (flat uint8, length a multiple of dtype's size) as a device buffer of dtype."""
     a = np.array(data, dtype=np.uint8, copy=True).view(dtype)  # private copy: XLA:CPU may alias
