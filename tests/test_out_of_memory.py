@@ -68,6 +68,44 @@ def test_compile_without_headroom_raises_instead_of_aborting(mode, monkeypatch):
     assert_values(got[0], torch.cos(torch.arange(5.0) * 1.2345) + 0.5)  # _run read it back
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_near_the_mapping_cap_raises_instead_of_aborting(mode, monkeypatch):
+    # LLVM aborts the process when the kernel refuses it a mapping (vm.max_map_count); a cap
+    # just above what the process maps now leaves no room for any compile
+    x = torch.arange(5.0, device="tpu")
+    x.cpu()
+    before = torch.tpu.memory_stats()["num_ooms"]
+    monkeypatch.setitem(cache._maps, "limit", cache.mappings() + 10)
+    monkeypatch.setitem(cache._maps, "countdown", 0)
+
+    def new_program():
+        return (torch.sin(x * 1.98765) - 0.25,)  # a shape/op combination no other test compiles
+
+    with pytest.raises(torch.OutOfMemoryError, match="memory mappings for the compilation of"):
+        _run(new_program, mode)
+    assert torch.tpu.memory_stats()["num_ooms"] == before + 1
+    monkeypatch.undo()
+    cache._maps["countdown"] = 0
+    got = _run(new_program, mode)
+    assert_values(got[0], torch.sin(torch.arange(5.0) * 1.98765) - 0.25)
+
+
+def test_mappings_are_counted_every_few_compiles_while_far_from_the_cap(monkeypatch):
+    reads = []
+    monkeypatch.setattr(cache, "mappings", lambda: reads.append(1) or 100)
+    monkeypatch.setitem(cache._maps, "limit", 65530)
+    monkeypatch.setitem(cache._maps, "countdown", 0)
+    monkeypatch.setitem(cache._maps, "near", False)
+    for _ in range(3 * (cache.MAPS_EVERY + 1) + 1):  # counted at the 1st call, then every MAPS_EVERY + 1
+        assert cache.maps_short() is None
+    assert len(reads) == 4
+    monkeypatch.setattr(cache, "mappings", lambda: reads.append(1) or 65530 - cache.MAPS_HEADROOM - 1)
+    cache._maps["countdown"] = 0
+    assert cache.maps_short() is None and cache._maps["near"]  # near: counted at every compile now
+    n = len(reads)
+    assert cache.maps_short() is None and cache.maps_short() is None and len(reads) == n + 2
+
+
 @pytest.mark.slow
 def test_address_space_exhausted_during_compile_is_an_error_not_an_abort(tmp_path):
     # the real thing: 50 MB of address space left; XLA's compiler would die with

@@ -211,12 +211,60 @@ def memory_left() -> float | None:
     return min(left) if left else None
 
 
+# Memory mappings a compilation must find free. Each executable XLA:CPU keeps maps its code in
+# a few regions of its own (3-4: 15,500 mappings at 4,000 small programs); the kernel caps a
+# process's mappings (vm.max_map_count, 65,530 by default), and LLVM aborts the process when a
+# mapping is refused ("LLVM ERROR: Unable to allocate section memory!", seen after ~11,000
+# ModuleInfo cases in one process). Counting them reads /proc/self/maps, so it is counted every
+# MAPS_EVERY compiles while far from the cap, and at each compile once near it.
+MAPS_HEADROOM = 4096
+MAPS_EVERY = 32
+_maps = {"limit": None, "countdown": 0, "near": False}
+
+
+def _map_limit() -> int | None:
+    if _maps["limit"] is None:
+        try:
+            with open("/proc/sys/vm/max_map_count", "rb") as f:
+                _maps["limit"] = int(f.read())
+        except (OSError, ValueError):
+            _maps["limit"] = 0
+    return _maps["limit"] or None
+
+
+def mappings() -> int | None:
+    """The process's memory mappings (lines of /proc/self/maps); None where unreadable."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def maps_short() -> tuple[int, int] | None:
+    """(mappings, the cap) when fewer than MAPS_HEADROOM mappings are left, else None."""
+    limit = _map_limit()
+    if limit is None:
+        return None
+    if not _maps["near"] and _maps["countdown"] > 0:
+        _maps["countdown"] -= 1
+        return None
+    _maps["countdown"] = MAPS_EVERY
+    n = mappings()
+    if n is None:
+        return None
+    _maps["near"] = n > limit - 2 * MAPS_HEADROOM
+    return (n, limit) if n > limit - MAPS_HEADROOM else None
+
+
 def before_compile(what: str, release=()) -> None:
-    """Called before a new program is compiled (see COMPILE_HEADROOM_MB); `release` are the
-    caller's ways to drop its cached executables (the layers above own those caches)."""
+    """Called before a new program is compiled (see COMPILE_HEADROOM_MB and MAPS_HEADROOM);
+    `release` are the caller's ways to drop its cached executables (the layers above own those
+    caches)."""
     need = COMPILE_HEADROOM_MB * 2**20
     left = memory_left()
-    if left is None or left >= need:
+    maps = maps_short()
+    if (left is None or left >= need) and maps is None:
         return
     import gc
 
@@ -228,6 +276,20 @@ def before_compile(what: str, release=()) -> None:
     gc.collect()
     trim_heap()
     left = memory_left()
+    if maps is not None:
+        _maps["countdown"] = 0
+        maps = maps_short()
+        if maps is not None:
+            import torch
+
+            from ..metrics import bump
+
+            bump("out_of_memory")
+            raise torch.OutOfMemoryError(
+                f"torchtpu: out of memory mappings for the compilation of {what}: the process holds {maps[0]} "
+                f"of the {maps[1]} the kernel allows (vm.max_map_count), under the {MAPS_HEADROOM} a "
+                "compilation is given; XLA's compiler would abort the process. Bound the compiled-program "
+                "caches with torchtpu.set_executable_limit, or raise vm.max_map_count")
     if left is not None and left < need:
         import torch
 
