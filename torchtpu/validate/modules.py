@@ -306,7 +306,8 @@ def markdown(results: dict, meta: dict) -> str:
         "no larger than 4x CPU's own distance (in the same dtype) from its float64 result.",
         "",
         f"Run: {meta['when']}, dtypes {', '.join(meta['dtypes'])}, modes {', '.join(modes)}"
-        + (f", at most {meta['limit']} inputs per module" if meta.get("limit") else "") + ".",
+        + (f", at most {meta['limit']} inputs per module, dtype and flag" if meta.get("limit") else "")
+        + "".join(f"; {n}" for n in meta.get("notes", ())) + ".",
         "",
         "| mode | cases | passed | rounding | failed | % |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -392,6 +393,8 @@ def _merge(args) -> int:
     meta = {"when": ", ".join(sorted({m["when"] for m in metas})),
             "dtypes": sorted({d for m in metas for d in m["dtypes"]}),
             "modes": [m for m in MODES if any(m in x["modes"] for x in metas)], "limit": 0,
+            "notes": [f"{', '.join(m['modes'])}: at most {m['limit']} inputs per module, dtype and flag"
+                      for m in metas if m.get("limit")],
             "torch": metas[0].get("torch")}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
